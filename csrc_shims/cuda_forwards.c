@@ -1,0 +1,76 @@
+/*
+ * The CUDA entry points that CuTe DSL's exported objects import (found with `nm -u` on them),
+ * written as our own thin forwards to the CUDA runtime and driver. They replace the static
+ * archive inside the DSL wheel, whose licence does not allow redistributing it.
+ *
+ * The driver call is reached through cudaGetDriverEntryPointByVersion so that we link only
+ * libcudart (the driver library comes with the driver).
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#define FA4_EXPORT __attribute__((visibility("hidden")))
+
+FA4_EXPORT cudaError_t _cudaLibraryLoadData(cudaLibrary_t *library, const void *code,
+                                            enum cudaJitOption *jit_options, void **jit_values,
+                                            unsigned int num_jit_options,
+                                            enum cudaLibraryOption *library_options,
+                                            void **library_values, unsigned int num_library_options) {
+  return cudaLibraryLoadData(library, code, jit_options, jit_values, num_jit_options,
+                             library_options, library_values, num_library_options);
+}
+
+FA4_EXPORT cudaError_t _cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library,
+                                             const char *name) {
+  return cudaLibraryGetKernel(kernel, library, name);
+}
+
+FA4_EXPORT cudaError_t _cudaLaunchKernelEx(const cudaLaunchConfig_t *config, const void *func,
+                                           void **args) {
+  return cudaLaunchKernelExC(config, func, args);
+}
+
+FA4_EXPORT cudaError_t _cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr,
+                                             int value) {
+  return cudaFuncSetAttribute(func, attr, value);
+}
+
+FA4_EXPORT cudaError_t _cudaGetDevice(int *device) { return cudaGetDevice(device); }
+
+FA4_EXPORT cudaError_t _cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+  return cudaDeviceGetAttribute(value, attr, device);
+}
+
+FA4_EXPORT cudaError_t _cudaKernelSetAttributeForDevice(cudaKernel_t kernel,
+                                                        enum cudaFuncAttribute attr, int value,
+                                                        int device) {
+  return cudaKernelSetAttributeForDevice(kernel, attr, value, device);
+}
+
+typedef CUresult (*cuDeviceGet_fn)(CUdevice *, int);
+typedef CUresult (*cuKernelGetAttribute_fn)(int *, CUfunction_attribute, CUkernel, CUdevice);
+
+static void *driver_entry(const char *symbol) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status) !=
+          cudaSuccess ||
+      status != cudaDriverEntryPointSuccess)
+    return NULL;
+  return fn;
+}
+
+/* As the DSL calls it: the last argument is a device ordinal, converted to a CUdevice here. */
+FA4_EXPORT CUresult _cuKernelGetAttribute(int *value, CUfunction_attribute attr, CUkernel kernel,
+                                          int device_ordinal) {
+  static cuDeviceGet_fn device_get = NULL;
+  static cuKernelGetAttribute_fn get_attribute = NULL;
+  if (!device_get) device_get = (cuDeviceGet_fn)driver_entry("cuDeviceGet");
+  if (!get_attribute) get_attribute = (cuKernelGetAttribute_fn)driver_entry("cuKernelGetAttribute");
+  if (!device_get || !get_attribute) return CUDA_ERROR_NOT_FOUND;
+  CUdevice device;
+  CUresult status = device_get(&device, device_ordinal);
+  if (status != CUDA_SUCCESS) return status;
+  return get_attribute(value, attr, kernel, device);
+}

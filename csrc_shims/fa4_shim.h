@@ -1,0 +1,51 @@
+/* The C interface of libfa4 (loaded with ctypes; no libtorch, no CPython ABI). */
+#ifndef FA4_SHIM_H
+#define FA4_SHIM_H
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA4_MAX_RANK 4
+
+/* A strided view of device memory; sizes and strides in elements. */
+typedef struct {
+  void *data;
+  int32_t rank;
+  int64_t shape[FA4_MAX_RANK];
+  int64_t stride[FA4_MAX_RANK];
+} fa4_tensor;
+
+typedef struct {
+  float softmax_scale;
+  float softcap;       /* used by softcap variants */
+  int32_t window_left; /* used by local variants, >= 0 */
+  int32_t window_right;
+} fa4_fwd_params;
+
+enum fa4_status {
+  FA4_OK = 0,
+  FA4_ERR_BAD_VARIANT = 1,  /* no such variant index */
+  FA4_ERR_WRONG_ARCH = 2,   /* variant compiled for another compute capability */
+  FA4_ERR_BAD_TENSOR = 3,   /* rank / alignment / stride / size rule broken */
+  FA4_ERR_MODULE_LOAD = 4,  /* loading the embedded cubin failed */
+  FA4_ERR_LAUNCH = 5,       /* the launch returned a CUDA error */
+  FA4_ERR_CUDA = 6,         /* another CUDA runtime call failed */
+};
+
+int32_t fa4_num_variants(void);
+const char *fa4_variant_name(int32_t index);
+/* Message describing the last failure on this thread. */
+const char *fa4_last_error(void);
+
+/* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32.
+ * Launches on `stream` (a cudaStream_t) on the current device. */
+int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                const fa4_tensor *o, const fa4_tensor *lse, const fa4_fwd_params *params,
+                void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,304 @@
+"""Ahead-of-time build: variant catalog -> cute.compile on fake tensors -> export_to_c -> libfa4.
+
+    python -m fa4_kernels.aot --out build/aot --lib torch_ops/_native [--jobs N] [--filter FRAG,..]
+
+Each variant compiles in its own process (CUTE_DSL_ARCH is read once per process, and the
+compiles run in parallel). Objects are cached under ``--out`` by a content hash of the kernel
+sources, the variant key, its tile configuration and the DSL version, so an unchanged rebuild
+only relinks. The native library is then linked from the objects, the generated variant table
+and ``csrc_shims/`` with the host C compiler; it links libcudart and nothing from the DSL wheel.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from fa4_kernels import catalog, heuristics
+
+KERNEL_DIR = Path(__file__).resolve().parent
+REPO_ROOT = KERNEL_DIR.parent.parent
+SHIM_DIR = REPO_ROOT / "csrc_shims"
+LIB_NAME = "libfa4.so"
+MANIFEST_NAME = "variants.json"
+
+
+# ----------------------------------------------------------------------------- settings
+def env_settings() -> dict:
+    """The FA4_* build variables (documented in the README), read in this one place."""
+    archs = tuple(a.strip() for a in os.environ.get("FA4_ARCHS", "sm_90a").split(",") if a.strip())
+    return {
+        "archs": archs,
+        "filter": os.environ.get("FA4_VARIANTS", ""),
+        "jobs": int(os.environ.get("FA4_BUILD_JOBS", "0")) or os.cpu_count() or 1,
+    }
+
+
+def dsl_version() -> str:
+    return importlib.metadata.version("nvidia-cutlass-dsl")
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(KERNEL_DIR.rglob("*.py")):
+        if path.name == "aot.py":
+            continue  # the driver does not shape generated code
+        h.update(str(path.relative_to(KERNEL_DIR)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
+    cfg = heuristics.fwd_config(key)
+    blob = json.dumps([key.as_dict(), asdict(cfg), sources, version], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+# ------------------------------------------------------------------------------ compile
+def compile_variant(name: str, out_dir: Path) -> None:
+    """Compile one variant in this process (CUTE_DSL_ARCH must already match its arch)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+
+    from fa4_kernels.sm90.fwd import FlashAttentionForwardSm90
+
+    key = next(v for v in catalog.all_variants((os.environ["CUTE_DSL_ARCH"],)) if v.name == name)
+    cfg = heuristics.fwd_config(key)
+    dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[key.dtype]
+    kernel = FlashAttentionForwardSm90(
+        dtype, key.head_dim, key.head_dim_v,
+        is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
+        tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
+    )
+
+    def bshd(dim):
+        # (batch, seqlen, heads, dim): every size dynamic but dim; strides dynamic, 16-byte
+        # multiples (a TMA rule the runtime checks), last dim contiguous.
+        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        shape = tuple(cute.sym_int() for _ in range(3)) + (dim,)
+        return make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
+
+    lse = make_fake_tensor(
+        Float32, tuple(cute.sym_int() for _ in range(3)), stride=(cute.sym_int64(), cute.sym_int64(), 1),
+        assumed_align=4,
+    )
+    compiled = cute.compile(
+        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse,
+        Float32(1.0), Float32(0.0), Int32(0), Int32(0), make_fake_stream(),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        compiled.export_to_c(tmp, name, function_prefix=name)
+        for ext in (".h", ".o"):
+            os.replace(Path(tmp) / f"{name}{ext}", out_dir / f"{name}{ext}")
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:<60}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def build_objects(variants, out_root: Path, jobs: int) -> dict:
+    """Compile what is not cached; return {variant name: object dir}."""
+    sources, version = source_digest(), dsl_version()
+    plan, results = [], {}
+    for key in variants:
+        obj_dir = out_root / key.arch / f"{key.name}-{variant_digest(key, sources, version)}"
+        results[key.name] = obj_dir
+        if not (obj_dir / "COMPLETE").exists():
+            plan.append((key, obj_dir))
+    print(f"fa4 aot: {len(variants)} variants, {len(variants) - len(plan)} cached, "
+          f"{len(plan)} to compile on {jobs} processes", file=sys.stderr)
+
+    def run(item):
+        key, obj_dir = item
+        env = dict(os.environ, CUTE_DSL_ARCH=key.arch, PYTHONPATH=os.pathsep.join(
+            [str(KERNEL_DIR.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        t0 = time.time()
+        proc = subprocess.run(
+            [sys.executable, "-m", "fa4_kernels.aot", "--compile-one", key.name, "--obj-dir", str(obj_dir)],
+            env=env, capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling {key.name} failed:\n{proc.stdout}\n{proc.stderr}")
+        (obj_dir / "COMPLETE").write_text(json.dumps({"seconds": round(time.time() - t0, 2)}))
+        return key.name
+
+    done = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for name in pool.map(run, plan):
+            done += 1
+            _progress(done, len(plan), name)
+    return results
+
+
+# --------------------------------------------------------------------------------- link
+_STRUCT_RE = re.compile(
+    r"typedef struct \{\s*void \*data;\s*int32_t dynamic_shapes\[(\d+)\];\s*int64_t dynamic_strides\[(\d+)\];\s*\}\s*(\w+)_Tensor_(\w+)_t;"
+)
+
+
+def _tensor_fill(name: str, header: str) -> str:
+    """C that converts our fa4_tensor arguments into the variant's generated structs.
+
+    The fake tensors make the leading sizes and strides dynamic and the trailing ones static,
+    so the generated struct holds exactly the leading n sizes and m strides.
+    """
+    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse"}
+    lines = []
+    found = {m.group(4): (int(m.group(1)), int(m.group(2))) for m in _STRUCT_RE.finditer(header)}
+    if set(found) != set(args):
+        raise RuntimeError(f"{name}: unexpected tensor arguments in the generated header: {sorted(found)}")
+    for field, (n_shape, n_stride) in found.items():
+        src = args[field]
+        lines.append(f"  {name}_Tensor_{field}_t t_{src};")
+        lines.append(f"  t_{src}.data = {src}->data;")
+        lines += [f"  t_{src}.dynamic_shapes[{i}] = (int32_t){src}->shape[{i}];" for i in range(n_shape)]
+        lines += [f"  t_{src}.dynamic_strides[{i}] = {src}->stride[{i}];" for i in range(n_stride)]
+    return "\n".join(lines)
+
+
+def generate_table(entries) -> str:
+    """entries: [(VariantKey, header_path)] -> C source of the variant table."""
+    out = ['/* Generated by fa4_kernels.aot: do not edit. */', '#include "fa4_variant_table.h"']
+    rows = []
+    for key, header_path in entries:
+        n = key.name
+        header = header_path.read_text()
+        major, minor = key.compute_capability
+        out.append(f'#include "{header_path.name}"')
+        out.append(f"""
+static {n}_Kernel_Module_t {n}_module;
+static int32_t {n}_init(void) {{
+  cudaLibrary_t *library = &{n}_module.module;
+  cudaError_t ret = cudaSuccess;
+  struct {{ cudaLibrary_t **library; cudaError_t *ret; }} args = {{&library, &ret}};
+  _mlir_{n}_cuda_init((void **)&args);
+  return (int32_t)ret;
+}}
+static int32_t {n}_load(int32_t device) {{
+  cudaLibrary_t *library = &{n}_module.module;
+  cudaError_t ret = cudaSuccess;
+  struct {{ cudaLibrary_t **library; int32_t *device; cudaError_t *ret; }} args = {{&library, &device, &ret}};
+  _mlir_{n}_cuda_load_to_device((void **)&args);
+  return (int32_t)ret;
+}}
+static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_fwd_params *p,
+                       cudaStream_t stream) {{
+{_tensor_fill(n, header)}
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, p->softmax_scale,
+                              p->softcap, p->window_left, p->window_right, stream);
+}}""")
+        rows.append(f'  {{"{n}", {major}, {minor}, {n}_init, {n}_load, {n}_fwd}},')
+    out.append("const fa4_variant fa4_variants[] = {")
+    out += rows
+    out.append("};")
+    out.append(f"const int32_t fa4_variant_count = {len(rows)};")
+    out.append(f"_Static_assert({len(rows)} <= FA4_MAX_VARIANTS, \"raise FA4_MAX_VARIANTS\");")
+    return "\n".join(out) + "\n"
+
+
+def find_cuda() -> tuple[Path, Path]:
+    """(include dir with cuda_runtime.h, lib dir with libcudart.so.*): the toolkit or the wheel."""
+    candidates = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]))
+    if shutil.which("nvcc"):
+        candidates.append(Path(shutil.which("nvcc")).resolve().parent.parent)
+    candidates.append(Path("/usr/local/cuda"))
+    for sp in map(Path, sys.path):
+        candidates += [sp / "nvidia" / "cu13", sp / "nvidia" / "cuda_runtime"]
+    for root in candidates:
+        inc = root / "include"
+        for lib in (root / "lib64", root / "lib"):
+            if (inc / "cuda_runtime.h").exists() and list(lib.glob("libcudart.so*")):
+                return inc, lib
+    raise RuntimeError("CUDA runtime headers and libcudart not found: install the CUDA toolkit or "
+                       "`pip install nvidia-cuda-runtime` (or set CUDA_HOME)")
+
+
+def link(entries, lib_dir: Path, work_dir: Path) -> Path:
+    inc, cudart_dir = find_cuda()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    table_c = work_dir / "fa4_variant_table.c"
+    table_c.write_text(generate_table(entries))
+    cudart = sorted(cudart_dir.glob("libcudart.so.*"), key=lambda p: len(p.name))[0].name
+    header_dirs = sorted({str(h.parent) for _, h in entries})
+    objects = [str(h.with_suffix(".o")) for _, h in entries]
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    tmp_out = lib_dir / f".{LIB_NAME}.tmp"
+    cc = os.environ.get("CC", "cc")
+    cmd = [
+        cc, "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wno-unused-function",
+        "-Wl,-z,defs", "-Wl,--exclude-libs,ALL", "-I", str(inc), "-I", str(SHIM_DIR),
+        *[f"-I{d}" for d in header_dirs],
+        str(SHIM_DIR / "fa4_shim.c"), str(SHIM_DIR / "cuda_forwards.c"), str(table_c), *objects,
+        "-L", str(cudart_dir), f"-l:{cudart}", "-lpthread", "-o", str(tmp_out),
+    ]
+    subprocess.run(cmd, check=True)
+    out = lib_dir / LIB_NAME
+    os.replace(tmp_out, out)
+    manifest = {
+        "dsl_version": dsl_version(),
+        "variants": [dict(key.as_dict(), name=key.name, **asdict(heuristics.fwd_config(key)))
+                     for key, _ in entries],
+    }
+    tmp_manifest = lib_dir / f".{MANIFEST_NAME}.tmp"
+    tmp_manifest.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp_manifest, lib_dir / MANIFEST_NAME)
+    return out
+
+
+def build(out_root: Path, lib_dir: Path, archs=None, pattern=None, jobs=None) -> Path:
+    settings = env_settings()
+    archs = archs or settings["archs"]
+    pattern = settings["filter"] if pattern is None else pattern
+    jobs = jobs or settings["jobs"]
+    variants = catalog.select_variants(catalog.all_variants(archs), pattern)
+    if not variants:
+        raise RuntimeError(f"no variant matches FA4_VARIANTS={pattern!r}")
+    t0 = time.time()
+    obj_dirs = build_objects(variants, out_root, jobs)
+    entries = [(key, obj_dirs[key.name] / f"{key.name}.h") for key in variants]
+    lib = link(entries, lib_dir, out_root / "link")
+    print(f"fa4 aot: linked {lib} ({len(entries)} variants) in {time.time() - t0:.1f}s", file=sys.stderr)
+    return lib
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "aot")
+    parser.add_argument("--lib", type=Path, default=REPO_ROOT / "torch_ops" / "_native")
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--filter", default=None, help="comma-separated name fragments (default $FA4_VARIANTS)")
+    parser.add_argument("--compile-one", help=argparse.SUPPRESS)
+    parser.add_argument("--obj-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.compile_one:
+        compile_variant(args.compile_one, args.obj_dir)
+        return
+    build(args.out, args.lib, pattern=args.filter, jobs=args.jobs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The variant catalog: every kernel the wheel ships, as typed keys.
+
+Plain Python (no DSL import) so the runtime, the build and the CPU tests share it. A key holds
+only what changes generated code; per-call values (sequence lengths, window sizes, softcap
+value, scale) are kernel arguments and never part of a key.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+ARCHS = ("sm_90a",)
+DTYPES = ("bf16", "fp16")
+HEAD_DIMS = ((64, 64), (128, 128))
+MASKS = ("none", "causal", "local")
+
+
+@dataclass(frozen=True, order=True)
+class VariantKey:
+    arch: str  # "sm_90a"
+    dtype: str  # "bf16" | "fp16"
+    head_dim: int
+    head_dim_v: int
+    mask: str  # "none" | "causal" | "local"
+    softcap: bool
+
+    @property
+    def name(self) -> str:
+        """Symbol-safe unique name, also the exported function prefix."""
+        sc = "_softcap" if self.softcap else ""
+        return f"fa4_fwd_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}{sc}"
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        digits = self.arch.removeprefix("sm_").rstrip("a")
+        return int(digits[:-1]), int(digits[-1])
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def all_variants(archs=ARCHS) -> list[VariantKey]:
+    return [
+        VariantKey(arch, dtype, hd, hdv, mask, softcap)
+        for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
+            archs, DTYPES, HEAD_DIMS, MASKS, (False, True)
+        )
+    ]
+
+
+def select_variants(variants, pattern: str | None) -> list[VariantKey]:
+    """Keep variants whose name contains every comma-separated fragment of ``pattern``."""
+    if not pattern:
+        return list(variants)
+    parts = [p.strip() for p in pattern.split(",") if p.strip()]
+    return [v for v in variants if all(p in v.name for p in parts)]

@@ -1,0 +1,40 @@
+"""Kernel configuration as pure functions of the variant key (unit-tested on CPU).
+
+The numbers follow FlashAttention-3's Hopper tile table (hopper/tile_size.h) adapted to a
+two-consumer-warpgroup kernel whose P operand stays in registers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fa4_kernels.catalog import VariantKey
+
+SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    tile_m: int
+    tile_n: int
+    num_stages: int
+
+    def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        q_or_o = self.tile_m * max(head_dim, head_dim_v)
+        kv = self.num_stages * self.tile_n * (head_dim + head_dim_v)
+        return (q_or_o + kv) * elem_bytes + 1024  # + barriers and alignment
+
+
+def fwd_config(key: VariantKey) -> FwdConfig:
+    # tile_m is 128: two consumer warpgroups of 64 rows (the WGMMA M size) each.
+    # tile_n 128 keeps the S accumulator at 64 fp32 registers per thread for head_dim <= 128,
+    # leaving room for the O accumulator and softmax state under the 240-register budget;
+    # two K/V stages are enough to hide TMA latency behind one block of GEMMs.
+    if key.head_dim <= 64:
+        # Small head dims are softmax-bound; a wider N tile amortises the per-row reductions.
+        cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
+    elif key.head_dim <= 128:
+        cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
+    else:
+        raise ValueError(f"head_dim {key.head_dim} has no sm90 configuration yet")
+    assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
+    return cfg

@@ -1,0 +1,84 @@
+"""Small helpers around Hopper warpgroup MMA (WGMMA) fragments.
+
+The accumulator of an SM90 WGMMA is laid out per thread as ((2, 2, N/8), MMA_M, MMA_N).
+Softmax wants a (rows, cols) view of it, and the second GEMM (P @ V, P in registers) wants
+it as an A-operand fragment ((2, 2, 2), MMA_M, (N/16, MMA_N)). Both are pure relayouts.
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+
+def acc_rows_cols_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """((2, 2, V), MMA_M, MMA_N) -> ((2, MMA_M), (2, V, MMA_N)): mode 0 rows, mode 1 cols."""
+    col_major = cute.make_layout(acc_layout.shape)
+    shape = (
+        (col_major.shape[0][1], col_major.shape[1]),
+        (col_major.shape[0][0], col_major.shape[0][2], col_major.shape[2]),
+    )
+    stride = (
+        (col_major.stride[0][1], col_major.stride[1]),
+        (col_major.stride[0][0], col_major.stride[0][2], col_major.stride[2]),
+    )
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def rows_cols_view(acc: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(acc.iterator, acc_rows_cols_layout(acc.layout))
+
+
+def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """View a 16-bit-destined accumulator ((2, 2, N/8), M, N) as an RS-WGMMA A fragment."""
+    layout = acc.layout
+    assert layout.shape[0][2] % 2 == 0, "tile_n must be a multiple of 16"
+    div = cute.logical_divide(layout, ((None, None, 2), None, None))
+    frag = cute.make_layout(
+        (
+            (div.shape[0][0], div.shape[0][1], div.shape[0][2][0]),
+            div.shape[1],
+            (div.shape[0][2][1], div.shape[2]),
+        ),
+        stride=(
+            (div.stride[0][0], div.stride[0][1], div.stride[0][2][0]),
+            div.stride[1],
+            (div.stride[0][2][1], div.stride[2]),
+        ),
+    )
+    return cute.make_tensor(acc.iterator, frag)
+
+
+def transpose_smem_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a (possibly staged) shared-memory tensor: V (n, d) -> Vt (d, n)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+@cute.jit
+def wgmma(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    accumulate,  # Python bool or run-time Boolean; False: the first K slice overwrites acc
+    wait_groups: cutlass.Constexpr[int],
+):
+    """Issue one warpgroup GEMM acc (+)= A @ B over all K slices and commit it as one group.
+
+    ``wait_groups`` >= 0 waits until at most that many committed groups are in flight; -1 returns
+    with the GEMM still running (the caller waits later, overlapping other work with it).
+    """
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, accumulate)
+    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if const_expr(wait_groups >= 0):
+        warpgroup.wait_group(wait_groups)
+
+
+def new_accumulator(thr_mma: cute.ThrMma, shape_mn) -> cute.Tensor:
+    return cute.make_rmem_tensor(thr_mma.partition_shape_C(shape_mn), Float32)

@@ -1,0 +1,68 @@
+"""Masking of one (tile_m, tile_n) score tile held in WGMMA accumulator registers."""
+from dataclasses import dataclass
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa4_kernels.hopper_mma import rows_cols_view
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    tile_m: cutlass.Constexpr[int]
+    tile_n: cutlass.Constexpr[int]
+    seqlen_q: Int32
+    seqlen_k: Int32
+    window_left: Optional[Int32] = None
+    window_right: Optional[Int32] = None
+
+    @cute.jit
+    def apply(
+        self,
+        acc_S: cute.Tensor,
+        thr_mma: cute.ThrMma,
+        m_block: Int32,
+        n_block: Int32,
+        mask_seqlen: cutlass.Constexpr[bool],
+        mask_causal: cutlass.Constexpr[bool],
+        mask_local: cutlass.Constexpr[bool],
+    ):
+        """Set to -inf every score whose key is past seqlen_k (``mask_seqlen``) or outside the
+        row's causal/local window. Column coordinates come from thread 0's partition (compile-time
+        constants) shifted by this thread's column offset, so the compares fold to immediates.
+        """
+        acc_mn = rows_cols_view(acc_S)
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = rows_cols_view(thr_mma.partition_C(cS))
+        t0ScS = rows_cols_view(thr_mma.get_slice(0).partition_C(cS))
+        col_offset = tScS[0][1]
+        seqlen_col_limit = self.seqlen_k - n_block * self.tile_n - col_offset
+        if const_expr(not mask_causal and not mask_local):
+            if const_expr(mask_seqlen):
+                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                    if t0ScS[0, c][1] >= seqlen_col_limit:
+                        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                            acc_mn[r, c] = -Float32.inf
+        else:
+            # col_limit_right - row index: first key index (relative to this thread's first
+            # column of the block) that row 0 of the tile may not see.
+            diag = self.seqlen_k - self.seqlen_q - n_block * self.tile_n - col_offset + m_block * self.tile_m
+            for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+                row = tScS[r, 0][0]
+                right_limit = row + diag + 1
+                if const_expr(mask_local):
+                    right_limit = right_limit + self.window_right
+                if const_expr(mask_seqlen):
+                    right_limit = cutlass.min(right_limit, seqlen_col_limit)
+                if const_expr(mask_local):
+                    left_limit = row + diag - self.window_left
+                    for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                        col = t0ScS[0, c][1]
+                        if col >= right_limit or col < left_limit:
+                            acc_mn[r, c] = -Float32.inf
+                else:
+                    for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                        if t0ScS[0, c][1] >= right_limit:
+                            acc_mn[r, c] = -Float32.inf

@@ -1,0 +1,594 @@
+"""FlashAttention forward for Hopper (sm_90a), warp-specialised, TMA + WGMMA.
+
+Roles (3 warpgroups, 384 threads):
+  * warpgroup 0, warp 0: producer. Issues TMA loads of the Q tile and of a ring of K and V
+    tiles (``num_stages`` deep, one mbarrier pipeline each for K and V), then idles. The whole
+    warpgroup gives registers back with ``setmaxnreg``.
+  * warpgroups 1 and 2: consumers, 64 query rows each. ``S = Q @ K^T`` with both operands in
+    shared memory, online softmax in fp32 with exp2, ``O += P @ V`` with P from registers.
+
+Overlap (FlashAttention-3):
+  * inside a warpgroup, the ``Q @ K^T`` of block j-1 is issued together with the ``P @ V`` of
+    block j, so the softmax of block j-1 runs while the tensor cores work;
+  * between the two warpgroups, a pair of named barriers orders GEMM issue so that one
+    warpgroup's softmax overlaps the other's GEMMs (ping-pong).
+
+Masking is applied only on boundary blocks: the last K block (seqlen_k tail, plus causal/local
+right edge), the causal/local diagonal blocks, and the blocks on a local window's left edge.
+Blocks entirely outside the mask are never loaded.
+"""
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from fa4_kernels.block_info import BlockInfo
+from fa4_kernels.hopper_mma import (
+    acc_as_operand_a,
+    new_accumulator,
+    rows_cols_view,
+    transpose_smem_view,
+    wgmma,
+)
+from fa4_kernels.mask import AttentionMask
+from fa4_kernels.named_barrier import FwdBarrier
+from fa4_kernels.softmax import OnlineSoftmax
+
+LOG2_E = 1.4426950408889634
+
+THREADS_PER_WG = 128
+NUM_CONSUMER_WG = 2
+# Register budget per thread after setmaxnreg: 24 * 128 + 240 * 256 <= 64K registers.
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
+
+
+def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
+    """K-major (row-major) swizzled shared-memory layout for a (rows, cols[, stages]) tile."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+    )
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
+class FlashAttentionForwardSm90:
+    def __init__(
+        self,
+        dtype,
+        head_dim: int,
+        head_dim_v: int,
+        is_causal: bool,
+        is_local: bool,
+        has_softcap: bool,
+        tile_m: int,
+        tile_n: int,
+        num_stages: int,
+    ):
+        assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
+        assert tile_m == 64 * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 rows"
+        assert head_dim % 16 == 0 and head_dim_v % 16 == 0
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self.is_causal = is_causal
+        self.is_local = is_local
+        self.has_softcap = has_softcap
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.num_stages = num_stages
+        self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
+        self.num_mma_threads = THREADS_PER_WG * NUM_CONSUMER_WG
+
+    # ------------------------------------------------------------------ host side
+    def _tiled_mmas(self):
+        qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
+        pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN,
+            Float32,
+            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1),
+            tiler_mn=(64, self.head_dim_v),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        return qk, pv
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
+        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
+        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        softmax_scale: Float32,
+        softcap: Float32,  # used only by softcap variants
+        window_left: Int32,  # used only by local variants; >= 0
+        window_right: Int32,
+        stream: cuda.CUstream,
+    ):
+        # Sequence-major views: (seqlen, dim, head, batch) so a tile is (tile, dim) at [.., h, b].
+        mQ, mK, mV, mO = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+            for t in (mQ, mK, mV, mO)
+        ]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+
+        tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
+        sQ_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim)
+        sK_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
+        sV_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
+        sO_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim_v)
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+        )
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1
+        )
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1
+        )
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim_v)
+        )
+        self.tx_bytes_Q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.tx_bytes_K = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
+        self.tx_bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
+
+        # O is staged through Q's buffer (Q is dead once the last Q @ K^T has completed).
+        cosize_QO = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
+
+        @cute.struct
+        class SharedStorage:
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_QO], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        num_m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+
+        if const_expr(self.has_softcap):
+            # tanh soft-capping is applied to raw scores: s <- softcap * tanh(s * scale / softcap),
+            # after which the exponent needs only the change of base.
+            score_scale = softmax_scale / softcap
+            scale_log2 = Float32(LOG2_E)
+        else:
+            score_scale = Float32(1.0)
+            scale_log2 = softmax_scale * LOG2_E
+
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, score_scale, softcap, window_left, window_right,
+            sQ_layout, sK_layout, sV_layout, sO_layout,
+            tiled_mma_qk, tiled_mma_pv, SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        tma_atom_O: cute.CopyAtom,
+        scale_log2: Float32,
+        score_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+
+        producer_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # PipelineTmaAsync lets one lane per consumer warp release a stage.
+        consumer_warps = pipeline.CooperativeGroup(
+            pipeline.Agent.Thread, self.num_mma_threads // cute.arch.WARP_SIZE
+        )
+        pipeline_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1,
+            producer_group=producer_thread, consumer_group=consumer_warps,
+            tx_count=self.tx_bytes_Q, defer_sync=True,
+        )
+        pipeline_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages,
+            producer_group=producer_thread, consumer_group=consumer_warps,
+            tx_count=self.tx_bytes_K, defer_sync=True,
+        )
+        pipeline_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages,
+            producer_group=producer_thread, consumer_group=consumer_warps,
+            tx_count=self.tx_bytes_V, defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+
+        block_info = BlockInfo(
+            self.tile_m, self.tile_n, self.is_causal, self.is_local,
+            window_left if const_expr(self.is_local) else None,
+            window_right if const_expr(self.is_local) else None,
+        )
+        # Tile coordinates. Causal tiles with a larger m_block do more work: hand those out
+        # first (the hardware dispatches blocks roughly in blockIdx.x order).
+        bidx, head_idx, batch_idx = cute.arch.block_idx()
+        m_block = bidx
+        if const_expr(self.is_causal or self.is_local):
+            m_block = cute.arch.grid_dim()[0] - 1 - bidx
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp_idx == 0:
+                self.load(
+                    mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                    pipeline_q, pipeline_k, pipeline_v, block_info,
+                    m_block, head_idx, batch_idx, seqlen_q, seqlen_k,
+                )
+        else:
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
+            self.consume(
+                mO, mLSE, sQ, sK, sV, sO, tma_atom_O,
+                pipeline_q, pipeline_k, pipeline_v,
+                tiled_mma_qk, tiled_mma_pv, tidx,
+                scale_log2, score_scale, softcap, block_info,
+                AttentionMask(self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                              block_info.window_left, block_info.window_right),
+                m_block, head_idx, batch_idx, seqlen_q, seqlen_k,
+            )
+
+    @cute.jit
+    def load(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_k: pipeline.PipelineAsync,
+        pipeline_v: pipeline.PipelineAsync,
+        block_info: BlockInfo,
+        m_block: Int32,
+        head_idx: Int32,
+        batch_idx: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+    ):
+        head_idx_kv = head_idx // (mQ.shape[2] // mK.shape[2])
+        gQ = cute.local_tile(mQ[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim_v), (None, 0))
+        # TMA partitions: ((atom_v, rest_v)) for Q, ((atom_v, rest_v), n_blocks | stages) for K/V.
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+
+        n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+
+        # K of the last block first: the consumers start with Q @ K^T of that block.
+        n_block = n_block_max - 1
+        pipeline_k.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+        pipeline_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+        # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
+        # issue order (Q @ K^T of j-1 together with P @ V of j).
+        for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
+            n_block = n_block_max - 2 - i
+            v_state = kv_state.clone()
+            kv_state.advance()
+            pipeline_k.producer_acquire(kv_state)
+            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+            pipeline_v.producer_acquire(v_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block + 1], tVsV[None, v_state.index],
+                      tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
+        pipeline_v.producer_acquire(kv_state)
+        cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
+                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+
+    @cute.jit
+    def consume(
+        self,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sO: cute.Tensor,
+        tma_atom_O: cute.CopyAtom,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_k: pipeline.PipelineAsync,
+        pipeline_v: pipeline.PipelineAsync,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tidx: Int32,
+        scale_log2: Float32,
+        score_scale: Float32,
+        softcap: Float32,
+        block_info: BlockInfo,
+        mask: AttentionMask,
+        m_block: Int32,
+        head_idx: Int32,
+        batch_idx: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+    ):
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        # WGMMA operands in shared memory are described per warpgroup.
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * THREADS_PER_WG)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * THREADS_PER_WG)
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(transpose_smem_view(sV)))
+        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        acc_O = new_accumulator(wg_mma_pv, (self.tile_m, self.head_dim_v))
+
+        softmax = OnlineSoftmax.create(scale_log2, cute.size(rows_cols_view(acc_O), mode=[0]))
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+
+        # The first warpgroup gets a head start on the ping-pong.
+        if wg_idx == 0:
+            cute.arch.barrier_arrive(
+                barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
+            )
+
+        n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+        pipeline_q.consumer_wait(q_state)
+
+        # First block: Q @ K^T alone (nothing to overlap it with), masked for the seqlen_k tail
+        # and the causal/local edges.
+        n_block = n_block_max - 1
+        pipeline_k.consumer_wait(kv_state)
+        acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
+        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, 0)
+        pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(
+            acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block,
+            mask_seqlen=True, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
+            is_first=True,
+        )
+
+        step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
+            kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
+            acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
+            m_block, mask_right, mask_left,
+        )
+        # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
+        n_block_max_unmasked = n_block_max - 1
+        if const_expr(self.is_causal or self.is_local):
+            n_right = block_info.n_block_min_right_mask(seqlen_q, seqlen_k, m_block, n_block_min)
+            for i in cutlass.range(n_block_max_unmasked - n_right, unroll=1):
+                kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
+            n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
+        # ... the interior does not ...
+        n_left = block_info.n_block_min_no_left_mask(seqlen_q, seqlen_k, m_block, n_block_min)
+        for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
+            kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
+        # ... and a local window's left edge does again.
+        if const_expr(self.is_local):
+            n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_left)
+            for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
+                kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
+
+        # Last P @ V.
+        pipeline_q.consumer_release(q_state)
+        pipeline_v.consumer_wait(kv_state)
+        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+              n_block_max - n_block_min > 1, 0)
+        pipeline_v.consumer_release(kv_state)
+
+        row_scale = softmax.finalize()
+        softmax.rescale(acc_O, row_scale)
+        self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
+                      m_block, head_idx, batch_idx, seqlen_q)
+
+    @cute.jit
+    def overlapped_step(
+        self,
+        kv_state,
+        n_block: Int32,
+        n_block_max: Int32,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOrP: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_O: cute.Tensor,
+        pipeline_k: pipeline.PipelineAsync,
+        pipeline_v: pipeline.PipelineAsync,
+        softmax: OnlineSoftmax,
+        mask: AttentionMask,
+        thr_mma_qk: cute.ThrMma,
+        score_scale: Float32,
+        softcap: Float32,
+        m_block: Int32,
+        mask_right: cutlass.Constexpr[bool],
+        mask_left: cutlass.Constexpr[bool],
+    ):
+        """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it."""
+        v_state = kv_state.clone()
+        kv_state.advance()
+        pipeline_k.consumer_wait(kv_state)
+        self.scheduler_wait()
+        acc_S = new_accumulator(thr_mma_qk, (self.tile_m, self.tile_n))
+        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
+        pipeline_v.consumer_wait(v_state)
+        # The first P @ V (that of block n_block_max - 1) initialises O.
+        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
+              n_block != n_block_max - 2, -1)
+        self.scheduler_signal()
+        warpgroup.wait_group(1)
+        pipeline_k.consumer_release(kv_state)
+        row_scale = self.scores_to_probs(
+            acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block,
+            mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False,
+        )
+        warpgroup.wait_group(0)
+        pipeline_v.consumer_release(v_state)
+        tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        softmax.rescale(acc_O, row_scale)
+        return kv_state
+
+    @cute.jit
+    def scores_to_probs(
+        self,
+        acc_S: cute.Tensor,
+        tOrP: Optional[cute.Tensor],
+        softmax: OnlineSoftmax,
+        mask: AttentionMask,
+        thr_mma_qk: cute.ThrMma,
+        score_scale: Float32,
+        softcap: Float32,
+        m_block: Int32,
+        n_block: Int32,
+        mask_seqlen: cutlass.Constexpr[bool],
+        mask_right: cutlass.Constexpr[bool],
+        mask_left: cutlass.Constexpr[bool],
+        is_first: cutlass.Constexpr[bool],
+    ):
+        if const_expr(self.has_softcap):
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
+        if const_expr(mask_seqlen or mask_right or mask_left):
+            mask.apply(acc_S, thr_mma_qk, m_block, n_block, mask_seqlen,
+                       mask_right and self.is_causal, (mask_right or mask_left) and self.is_local)
+        row_scale = softmax.step(acc_S, is_first)
+        if const_expr(tOrP is not None):
+            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        return row_scale
+
+    @cute.jit
+    def scheduler_wait(self):
+        wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] // THREADS_PER_WG) - 1)
+        cute.arch.barrier(
+            barrier_id=int(FwdBarrier.WG_SCHEDULER) + wg, number_of_threads=2 * THREADS_PER_WG
+        )
+
+    @cute.jit
+    def scheduler_signal(self):
+        wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] // THREADS_PER_WG) - 1)
+        cute.arch.barrier_arrive(
+            barrier_id=int(FwdBarrier.WG_SCHEDULER) + 1 - wg, number_of_threads=2 * THREADS_PER_WG
+        )
+
+    @cute.jit
+    def epilogue(
+        self,
+        acc_O: cute.Tensor,
+        lse: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sO: cute.Tensor,
+        tma_atom_O: cute.CopyAtom,
+        tiled_mma_pv: cute.TiledMma,
+        tidx: Int32,
+        m_block: Int32,
+        head_idx: Int32,
+        batch_idx: Int32,
+        seqlen_q: Int32,
+    ):
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        # sO aliases sQ: every consumer must be done with its last Q @ K^T.
+        cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
+        smem_copy_O = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+            tiled_mma_pv,
+        ).get_slice(tidx)
+        cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO))
+
+        # LSE straight from registers: the thread holding column 0 of a row writes it.
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+        mLSE_cur = mLSE[None, head_idx, batch_idx]
+        if tOcO[0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = m_block * self.tile_m + tOcO[r, 0][0]
+                if row < seqlen_q:
+                    mLSE_cur[row] = lse[r]
+
+        # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(
+            barrier_id=int(FwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE
+        )
+        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+            cute.arch.barrier(
+                barrier_id=int(FwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE
+            )
+            gO = cute.local_tile(mO[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v), (m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(
+                tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
+            )
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)

@@ -1,0 +1,106 @@
+"""Online softmax over score tiles held in WGMMA accumulators (fp32, base-2 exponentials).
+
+Each thread owns whole row fragments; a row is spread over the 4 threads of a quad, so
+row maxima are reduced with two butterfly shuffles. Row sums stay thread-local until
+``finalize`` (one quad reduction per tile instead of one per K/V block).
+"""
+import math
+import operator
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass._mlir.dialects import nvvm
+
+from fa4_kernels.hopper_mma import rows_cols_view
+
+
+@dsl_user_op
+def fmax(a, b, *, loc=None, ip=None) -> Float32:
+    return Float32(
+        nvvm.fmax(Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+    )
+
+
+@cute.jit
+def row_max(x: cute.TensorSSA, init):
+    """Max of a row fragment with 4 independent chains (keeps the FMNMX pipe busy)."""
+    vals = cute.make_rmem_tensor(x.shape, Float32)
+    vals.store(x)
+    n = cute.size(x.shape)
+    acc = [vals[0], vals[1], vals[2], vals[3]]
+    for i in cutlass.range_constexpr(4, n, 4):
+        for j in cutlass.range_constexpr(4):
+            acc[j] = fmax(acc[j], vals[i + j])
+    m = fmax(fmax(acc[0], acc[1]), fmax(acc[2], acc[3]))
+    if const_expr(init is not None):
+        m = fmax(m, init)
+    return m
+
+
+@cute.jit
+def quad_allreduce(val, op: cutlass.Constexpr):
+    for i in cutlass.range_constexpr(2):
+        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1 << i))
+    return val
+
+
+@dataclass
+class OnlineSoftmax:
+    scale_log2: Float32  # softmax scale * log2(e): exponentials are exp2(s * scale_log2 - max)
+    row_max: cute.Tensor
+    row_sum: cute.Tensor
+
+    @staticmethod
+    def create(scale_log2: Float32, num_rows: cutlass.Constexpr[int]):
+        return OnlineSoftmax(
+            scale_log2,
+            cute.make_rmem_tensor(num_rows, Float32),
+            cute.make_rmem_tensor(num_rows, Float32),
+        )
+
+    @cute.jit
+    def step(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+        """Turn scores into unnormalised probabilities in place; return the per-row factor by
+        which the running output must be rescaled."""
+        acc_mn = rows_cols_view(acc_S)
+        row_scale = cute.make_rmem_tensor_like(self.row_max, Float32)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            row = acc_mn[r, None].load()
+            prev_max = self.row_max[r]
+            cur_max = row_max(row, None if const_expr(is_first) else prev_max)
+            cur_max = quad_allreduce(cur_max, fmax)
+            self.row_max[r] = cur_max
+            # A row with every score masked keeps max -inf; use 0 so exp2 gives 0, not NaN.
+            safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
+            max_scaled = safe_max * self.scale_log2
+            p = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
+            if const_expr(is_first):
+                row_scale[r] = Float32(1.0)
+                self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            else:
+                row_scale[r] = cute.math.exp2((prev_max - safe_max) * self.scale_log2, fastmath=True)
+                self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * row_scale[r], 0)
+            acc_mn[r, None].store(p)
+        return row_scale
+
+    @cute.jit
+    def finalize(self) -> cute.Tensor:
+        """Return 1/rowsum per row and replace row_sum by the natural-log LSE (-inf when the
+        row saw no key, with a 0 output instead of NaN)."""
+        row_scale = cute.make_rmem_tensor_like(self.row_max, Float32)
+        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
+            total = quad_allreduce(self.row_sum[r], operator.add)
+            empty = total == 0.0 or total != total
+            row_scale[r] = cute.arch.rcp_approx(Float32(1.0) if empty else total)
+            lse = (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)) * math.log(2.0)
+            self.row_sum[r] = -Float32.inf if empty else lse
+        return row_scale
+
+    @cute.jit
+    def rescale(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
+        acc_mn = rows_cols_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(row_scale)):
+            acc_mn[r, None].store(acc_mn[r, None].load() * row_scale[r])

@@ -1,0 +1,116 @@
+"""ctypes binding of libfa4 (csrc_shims/ + the AOT-exported kernels).
+
+Loaded lazily on the first CUDA call: importing fa4 never touches the GPU or the library.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+NATIVE_DIR = Path(__file__).resolve().parent / "_native"
+LIB_PATH = NATIVE_DIR / "libfa4.so"
+MANIFEST_PATH = NATIVE_DIR / "variants.json"
+MAX_RANK = 4
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("stride", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class FwdParams(ctypes.Structure):
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+    ]
+
+
+class NativeError(RuntimeError):
+    pass
+
+
+def _preload_cudart() -> None:
+    """Make libcudart.so.13 resolvable: torch has normally loaded it already; otherwise look
+    in the NVIDIA runtime wheels next to torch."""
+    try:
+        ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+        return
+    except OSError:
+        pass
+    for base in map(Path, sys.path):
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_runtime/lib"):
+            candidate = base / sub / "libcudart.so.13"
+            if candidate.exists():
+                ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+                return
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    if not LIB_PATH.exists():
+        raise NativeError(
+            f"fa4's native library is missing ({LIB_PATH}). This checkout was not built: run "
+            "`pip install .` (or `python -m fa4_kernels.aot`) on a machine with nvidia-cutlass-dsl."
+        )
+    import torch  # noqa: F401  (loads the CUDA runtime the library links against)
+
+    _preload_cudart()
+    lib = ctypes.CDLL(str(LIB_PATH))
+    lib.fa4_num_variants.restype = ctypes.c_int32
+    lib.fa4_variant_name.restype = ctypes.c_char_p
+    lib.fa4_variant_name.argtypes = [ctypes.c_int32]
+    lib.fa4_last_error.restype = ctypes.c_char_p
+    ptr = ctypes.POINTER(Tensor)
+    lib.fa4_fwd.restype = ctypes.c_int32
+    lib.fa4_fwd.argtypes = [ctypes.c_int32, ptr, ptr, ptr, ptr, ptr, ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    return lib
+
+
+@functools.cache
+def manifest() -> dict:
+    """{"variants": [{name, arch, dtype, head_dim, ...}]} written by the build; empty if unbuilt."""
+    if not MANIFEST_PATH.exists():
+        return {"variants": []}
+    return json.loads(MANIFEST_PATH.read_text())
+
+
+@functools.cache
+def variant_index() -> dict[str, int]:
+    lib = library()
+    return {lib.fa4_variant_name(i).decode(): i for i in range(lib.fa4_num_variants())}
+
+
+def as_native(t) -> Tensor:
+    out = Tensor()
+    out.data = t.data_ptr()
+    out.rank = t.dim()
+    for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        out.shape[i] = size
+        out.stride[i] = stride
+    return out
+
+
+def fwd(name: str, q, k, v, out, lse, softmax_scale: float, softcap: float,
+        window_left: int, window_right: int, stream: int) -> None:
+    lib = library()
+    params = FwdParams(softmax_scale, softcap, window_left, window_right)
+    status = lib.fa4_fwd(
+        variant_index()[name], as_native(q), as_native(k), as_native(v), as_native(out),
+        as_native(lse), ctypes.byref(params), ctypes.c_void_p(stream),
+    )
+    if status != 0:
+        raise NativeError(f"fa4 forward kernel: {lib.fa4_last_error().decode()}")
+
+
+def available() -> bool:
+    return LIB_PATH.exists() and os.environ.get("FA4_DISABLE_NATIVE", "") != "1"
