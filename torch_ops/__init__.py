@@ -1,0 +1,55 @@
+"""fa4: FlashAttention for Hopper, AOT-compiled CuTe DSL kernels behind ``torch.ops.fa4``.
+
+    import fa4
+    out = fa4.attention(q, k, v, causal=True)     # q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D)
+"""
+from __future__ import annotations
+
+import torch
+
+from fa4 import ops  # noqa: F401  (registers torch.ops.fa4.*)
+from fa4.reference import default_scale
+
+__all__ = ["attention"]
+__version__ = "0.1.0"
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+):
+    """Scaled dot-product attention, softmax(q k^T * scale) v, FlashAttention-style.
+
+    Args:
+        q: (batch, seqlen_q, heads_q, head_dim); k: (batch, seqlen_k, heads_kv, head_dim);
+            v: (batch, seqlen_k, heads_kv, head_dim_v). heads_q must be a multiple of heads_kv
+            (GQA/MQA). Any strides with a contiguous last dim: a (B, H, S, D) tensor passed as
+            ``x.transpose(1, 2)`` is used without a copy.
+        causal: mask keys after the query position. With seqlen_q != seqlen_k the mask is aligned
+            to the bottom-right corner (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+        scale: score scale, default 1/sqrt(head_dim).
+        window: (left, right) sliding window around that same diagonal; -1 leaves a side
+            unbounded. causal=True is window (-1, 0).
+        softcap: if > 0, scores become softcap * tanh(scores / softcap) (Gemma-2 style).
+        return_lse: also return the log-sum-exp of the scaled scores, (batch, heads_q, seqlen_q)
+            fp32. Rows that see no key give output 0 and LSE -inf.
+
+    On CUDA this runs fa4's compiled Hopper kernels; on CPU a chunked reference in fp32. The
+    backward currently recomputes attention chunk by chunk in plain torch ops on every device.
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if scale is None:
+        scale = default_scale(q.shape[-1])
+    window_left, window_right = window
+    out, lse = torch.ops.fa4.fwd(
+        q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap)
+    )
+    return (out, lse) if return_lse else out

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -113,4 +112,6 @@ def fwd(name: str, q, k, v, out, lse, softmax_scale: float, softcap: float,
 
 
 def available() -> bool:
-    return LIB_PATH.exists() and os.environ.get("FA4_DISABLE_NATIVE", "") != "1"
+    from fa4 import settings
+
+    return LIB_PATH.exists() and not settings.native_disabled()

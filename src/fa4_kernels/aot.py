@@ -237,7 +237,7 @@ def find_cuda() -> tuple[Path, Path]:
                        "`pip install nvidia-cuda-runtime` (or set CUDA_HOME)")
 
 
-def link(entries, lib_dir: Path, work_dir: Path) -> Path:
+def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
     inc, cudart_dir = find_cuda()
     work_dir.mkdir(parents=True, exist_ok=True)
     table_c = work_dir / "fa4_variant_table.c"
@@ -260,6 +260,8 @@ def link(entries, lib_dir: Path, work_dir: Path) -> Path:
     os.replace(tmp_out, out)
     manifest = {
         "dsl_version": dsl_version(),
+        "archs": list(archs),
+        "filter": pattern,
         "variants": [dict(key.as_dict(), name=key.name, **asdict(heuristics.fwd_config(key)))
                      for key, _ in entries],
     }
@@ -280,7 +282,7 @@ def build(out_root: Path, lib_dir: Path, archs=None, pattern=None, jobs=None) ->
     t0 = time.time()
     obj_dirs = build_objects(variants, out_root, jobs)
     entries = [(key, obj_dirs[key.name] / f"{key.name}.h") for key in variants]
-    lib = link(entries, lib_dir, out_root / "link")
+    lib = link(entries, lib_dir, out_root / "link", archs, pattern)
     print(f"fa4 aot: linked {lib} ({len(entries)} variants) in {time.time() - t0:.1f}s", file=sys.stderr)
     return lib
 

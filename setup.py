@@ -1,0 +1,53 @@
+"""Build: the usual setuptools packaging plus the AOT kernel build (fa4_kernels.aot).
+
+Package map: ``torch_ops/`` is the runtime package ``fa4``; ``src/fa4_kernels`` holds the CuTe DSL
+kernels and the build driver (shipped as sources for JIT use, never imported at run time).
+The native library and its variant manifest land in ``fa4/_native/``.
+"""
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+def run_aot_build(lib_dir: Path) -> None:
+    sys.path.insert(0, str(ROOT / "src"))  # build-time only: the driver lives in the source tree
+    from fa4_kernels import aot
+
+    aot.build(ROOT / "build" / "aot", lib_dir)
+
+
+class BuildWithKernels(build_py):
+    def run(self):
+        super().run()
+        if os.environ.get("FA4_SKIP_AOT") == "1":
+            return
+        if getattr(self, "editable_mode", False):
+            run_aot_build(ROOT / "torch_ops" / "_native")
+        else:
+            run_aot_build(Path(self.build_lib) / "fa4" / "_native")
+
+
+class PlatformWheel(bdist_wheel):
+    """The wheel holds a native library (no CPython extension): py3-none-<platform>."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+setup(
+    packages=["fa4", "fa4_kernels", "fa4_kernels.sm90"],
+    package_dir={"fa4": "torch_ops", "fa4_kernels": "src/fa4_kernels"},
+    package_data={"fa4": ["_native/*.so", "_native/*.json"]},
+    cmdclass={"build_py": BuildWithKernels, "bdist_wheel": PlatformWheel},
+)

@@ -1,0 +1,36 @@
+from fa4_kernels import catalog, heuristics
+
+
+def test_names_are_unique_and_symbol_safe():
+    variants = catalog.all_variants()
+    names = [v.name for v in variants]
+    assert len(names) == len(set(names))
+    assert all(n.replace("_", "").isalnum() for n in names)
+
+
+def test_catalog_covers_the_foundation_matrix():
+    have = {(v.dtype, v.head_dim, v.mask) for v in catalog.all_variants()}
+    for dtype in ("bf16", "fp16"):
+        for hd in (64, 128):
+            for mask in ("none", "causal"):
+                assert (dtype, hd, mask) in have
+
+
+def test_filter_keeps_only_matching_variants():
+    picked = catalog.select_variants(catalog.all_variants(), "bf16,d128x128_causal")
+    assert picked and all("bf16" in v.name and "d128x128_causal" in v.name for v in picked)
+    assert catalog.select_variants(catalog.all_variants(), "") == catalog.all_variants()
+
+
+def test_compute_capability_from_arch():
+    key = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False)
+    assert key.compute_capability == (9, 0)
+    assert catalog.VariantKey("sm_100a", "bf16", 128, 128, "none", False).compute_capability == (10, 0)
+
+
+def test_every_variant_has_a_config_that_fits_shared_memory():
+    for key in catalog.all_variants():
+        cfg = heuristics.fwd_config(key)
+        assert cfg.tile_m == 128  # two consumer warpgroups of 64 rows
+        assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
+        assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90

@@ -1,0 +1,228 @@
+"""The compiled Hopper forward against a float64 reference (skipped without a Hopper GPU).
+
+Every check poisons the output memory first (NaN-filled caching-allocator blocks, or NaN
+output buffers for the raw native call) so an unwritten element cannot pass, and compares
+with SDPA's math backend in the same dtype: fa4's error must stay within 2x of it.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+from fa4 import _native
+from fa4.testing import lse_error, naive_attention, rel_error
+
+from ..conftest import requires_hopper
+
+pytestmark = [pytest.mark.gpu, requires_hopper]
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def poison_allocator(nbytes=256 << 20):
+    """Fill free caching-allocator memory with NaN so fresh outputs start as garbage."""
+    blob = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).fill_(float("nan"))
+    del blob
+
+
+def sdpa_math_error(q, k, v, ref, causal, window, softcap, scale):
+    """Error of SDPA's math backend in the input dtype against the same fp64 reference."""
+    hq, hk = q.shape[2], k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.transpose(1, 2).repeat_interleave(hq // hk, 1)
+    vt = v.transpose(1, 2).repeat_interleave(hq // hk, 1)
+    sq, sk = q.shape[1], k.shape[1]
+    left, right = window
+    if causal:
+        right = 0
+    if softcap > 0:  # no softcap in SDPA: emulate in the input dtype
+        s = (qt @ kt.transpose(-1, -2)) * scale
+        s = softcap * torch.tanh(s / softcap)
+    else:
+        s = None
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        vis &= j <= i + sk - sq + right
+    if left >= 0:
+        vis &= j >= i + sk - sq - left
+    with sdpa_kernel(SDPBackend.MATH):
+        if s is None:
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=vis, scale=scale)
+        else:
+            p = torch.softmax(s.masked_fill(~vis, float("-inf")).float(), -1).to(q.dtype)
+            out = p @ vt
+    out = out.transpose(1, 2).nan_to_num(0.0)
+    return rel_error(out, ref)
+
+
+def check(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+    poison_allocator()
+    out, lse = fa4.attention(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, return_lse=True)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = naive_attention(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale)
+    err = rel_error(out, ref_out)
+    base = sdpa_math_error(q, k, v, ref_out, causal, window, softcap, scale if scale else 1 / math.sqrt(q.shape[-1]))
+    assert err <= 2 * base + 1e-4, f"fa4 error {err:.3e} vs SDPA-math {base:.3e}"
+    assert lse_error(lse, ref_lse) < 1e-3
+    return err
+
+
+SEQLENS = [1, 17, 127, 129, 1000, 4097]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen", SEQLENS)
+def test_square(dtype, head_dim, causal, seqlen):
+    b, h = (1, 2) if seqlen > 1000 else (3, 4)
+    q, k, v = (torch.randn(b, seqlen, h, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq, sk", [(1, 1000), (17, 129), (129, 17), (1000, 127), (127, 4097), (4097, 1000)])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+def test_rectangular_gqa(causal, sq, sk, gqa):
+    hk = 2 if gqa < 8 else 1
+    q = torch.randn(2, sq, hk * gqa, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 8])
+def test_batches_and_bhsd_strides(batch):
+    # (B, H, S, D) storage passed as (B, S, H, D) views: no copy, non-contiguous strides.
+    qh = torch.randn(batch, 8, 300, 64, device="cuda", dtype=torch.bfloat16)
+    kh = torch.randn(batch, 2, 333, 64, device="cuda", dtype=torch.bfloat16)
+    vh = torch.randn(batch, 2, 333, 64, device="cuda", dtype=torch.bfloat16)
+    check(qh.transpose(1, 2), kh.transpose(1, 2), vh.transpose(1, 2), causal=True)
+
+
+def test_sliced_inputs_with_padded_strides():
+    base = torch.randn(2, 200, 6, 160, device="cuda", dtype=torch.bfloat16)
+    q, k, v = base[..., :128], base[:, :150, 2:4, 16:144], base[:, :150, 4:6, 32:160]
+    assert not q.is_contiguous()
+    check(q, k, v)
+
+
+def test_misaligned_views_fall_back_to_a_copy():
+    base = torch.randn(1 * 64 * 2 * 64 + 3, device="cuda", dtype=torch.float16)
+    q = base[3:].view(1, 64, 2, 64)  # 6-byte offset: TMA cannot use it in place
+    check(q, q, q)
+
+
+@pytest.mark.parametrize("window", [(0, 0), (16, 0), (100, 50), (-1, 33), (257, -1)])
+@pytest.mark.parametrize("sq, sk", [(1000, 1000), (300, 777), (777, 300)])
+def test_local_window(window, sq, sk):
+    q = torch.randn(2, sq, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check(q, k, v, window=window)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap(causal):
+    q, k, v = (torch.randn(2, 555, 4, 128, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(3))
+    check(q, k, v, causal=causal, softcap=10.0)
+
+
+def test_custom_scale():
+    q, k, v = (torch.randn(1, 200, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    check(q, k, v, causal=True, scale=0.3)
+
+
+def test_rows_without_keys_are_zero_with_minus_inf_lse():
+    q = torch.randn(1, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 40, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out, lse = fa4.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.all(out[:, :260] == 0) and torch.all(torch.isneginf(lse[..., :260]))
+    assert torch.isfinite(out).all() and torch.isfinite(lse[..., 260:]).all()
+
+
+def test_native_call_writes_every_output_element():
+    q, k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 4, 1000), float("nan"), device="cuda")
+    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, 0.088, 0.0, 0, 0,
+                torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and not lse.isnan().any()
+
+
+def test_results_are_deterministic():
+    q, k, v = (torch.randn(4, 1500, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    first = fa4.attention(q, k, v, causal=True)
+    for _ in range(3):
+        assert torch.equal(fa4.attention(q, k, v, causal=True), first)
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = (torch.randn(2, 512, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fa4.attention(q, k, v, causal=True)  # load the module before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = fa4.attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fa4.attention(q, k, v, causal=True))
+
+
+def test_opcheck_cuda():
+    q = torch.randn(2, 130, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, 0.125), {"causal": True},
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_compile_fullgraph_cuda():
+    torch._dynamo.reset()
+
+    def block(x, wq, wkv):
+        b, s, _ = x.shape
+        q = (x @ wq).view(b, s, 8, 64)
+        k, v = (x @ wkv).view(b, s, 2, 2, 64).unbind(2)
+        return fa4.attention(q, k, v, causal=True).sum(-1)
+
+    x = torch.randn(2, 333, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    wq = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) / 16
+    wkv = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) / 16
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(x, wq, wkv)
+    assert torch.allclose(out.float(), block(x, wq, wkv).float(), atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_backward_matches_reference():
+    q, k, v = (torch.randn(1, 257, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = fa4.attention(q, k, v, causal=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref_out, _ = naive_attention(q, k, v, causal=True)
+    ref = torch.autograd.grad(ref_out, (q, k, v), g.double())
+    for got, want in zip(grads, ref):
+        assert rel_error(got, want) < 2e-2
+
+
+def test_unsupported_head_dim_names_the_alternatives():
+    q = torch.randn(1, 8, 2, 40, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="head_dim=40"):
+        fa4.attention(q, q, q)
+
+
+def test_wrong_device_mix_is_rejected():
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="one device"):
+        fa4.attention(q, q.cpu(), q)

@@ -1,0 +1,45 @@
+import pytest
+
+from fa4 import heuristics
+from fa4.heuristics import UNBOUNDED, MaskSpec, resolve_mask
+
+
+@pytest.mark.parametrize(
+    "causal, window, expected",
+    [
+        (False, (-1, -1), MaskSpec("none", UNBOUNDED, UNBOUNDED)),
+        (True, (-1, -1), MaskSpec("causal", UNBOUNDED, 0)),
+        (False, (-1, 0), MaskSpec("causal", UNBOUNDED, 0)),
+        (True, (-1, 0), MaskSpec("causal", UNBOUNDED, 0)),
+        (True, (64, -1), MaskSpec("local", 64, 0)),
+        (False, (32, 8), MaskSpec("local", 32, 8)),
+        (False, (-1, 5), MaskSpec("local", UNBOUNDED, 5)),
+        (False, (0, -1), MaskSpec("local", 0, UNBOUNDED)),
+    ],
+)
+def test_resolve_mask(causal, window, expected):
+    assert resolve_mask(causal, *window) == expected
+
+
+def test_causal_with_right_window_is_rejected():
+    with pytest.raises(ValueError, match="causal=True already fixes window_right"):
+        resolve_mask(True, 16, 4)
+
+
+def test_negative_window_is_rejected():
+    with pytest.raises(ValueError, match="window_left must be >= 0"):
+        resolve_mask(False, -2, 0)
+
+
+VARIANTS = [
+    dict(arch="sm_90a", dtype="bf16", head_dim=128, head_dim_v=128, mask="causal", softcap=False, name="a"),
+    dict(arch="sm_90a", dtype="bf16", head_dim=64, head_dim_v=64, mask="none", softcap=True, name="b"),
+]
+
+
+def test_select_variant_exact_match_only():
+    assert heuristics.select_variant(VARIANTS, (9, 0), "bf16", 128, 128, "causal", False)["name"] == "a"
+    assert heuristics.select_variant(VARIANTS, (9, 0), "bf16", 128, 128, "none", False) is None
+    assert heuristics.select_variant(VARIANTS, (8, 0), "bf16", 128, 128, "causal", False) is None
+    assert heuristics.supported_head_dims(VARIANTS, (9, 0)) == [(64, 64), (128, 128)]
+    assert heuristics.arch_name((10, 0)) is None

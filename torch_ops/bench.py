@@ -1,0 +1,123 @@
+"""Forward benchmark: fa4 vs cuDNN and FA2 (through SDPA) and optionally FlexAttention, same run.
+
+    python -m fa4.bench                       # FlashAttention-3 paper setup, head_dim 64 and 128
+    python -m fa4.bench --head-dims 128 --seqlens 4096 16384 --flex
+
+Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
+causal and not. TFLOP/s = 4 * batch * heads * seqlen^2 * head_dim / time, halved when causal.
+Median of CUDA-event-timed runs after warm-up; each provider runs on its own set of
+inputs, rotated between runs so the 50-60 MB L2 does not serve repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fa4
+
+
+def time_ms(fn, warmup: int, iters: int) -> float:
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def make_inputs(batch, seqlen, heads, head_dim, dtype, copies):
+    # (B, H, S, D) storage: SDPA's native layout; fa4 takes the (B, S, H, D) view without a copy.
+    return [
+        tuple(torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+        for _ in range(copies)
+    ]
+
+
+def providers(causal: bool, flex: bool):
+    def fa4_fn(q, k, v):
+        return fa4.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+
+    def sdpa(backend):
+        def fn(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+
+    out = {"fa4": fa4_fn, "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION), "FA2": sdpa(SDPBackend.FLASH_ATTENTION)}
+    if flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention)
+        masks = {}
+
+        def flex_fn(q, k, v):
+            key = q.shape
+            if causal and key not in masks:
+                masks[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2])
+            return compiled(q, k, v, block_mask=masks.get(key))
+        out["Flex"] = flex_fn
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("fa4.bench needs a CUDA GPU")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
+    print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}; TFLOP/s (median of {args.iters})")
+    names = None
+    rows = []
+    for head_dim in args.head_dims:
+        heads = args.hidden // head_dim
+        for causal in causals:
+            for seqlen in args.seqlens:
+                batch = max(1, args.tokens // seqlen)
+                flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                result = {}
+                for name, fn in providers(causal, args.flex).items():
+                    inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, copies=3)
+                    try:
+                        ms = time_ms(lambda i: fn(*inputs[i % len(inputs)]), args.warmup, args.iters)
+                        result[name] = flops / (ms * 1e-3) / 1e12
+                    except Exception as e:  # a peer may not support a shape; say so and go on
+                        print(f"  {name} failed at hd={head_dim} s={seqlen}: {type(e).__name__}: {str(e)[:120]}")
+                        result[name] = float("nan")
+                    del inputs
+                names = list(result)
+                rows.append((head_dim, seqlen, causal, result))
+                cells = "  ".join(f"{n} {result[n]:6.1f}" for n in names)
+                print(f"hd={head_dim:3d} seqlen={seqlen:5d} causal={int(causal)}  {cells}  "
+                      f"fa4/cuDNN {result['fa4'] / result['cuDNN']:.3f}", flush=True)
+    header = "| head_dim | seqlen | causal | " + " | ".join(names) + " | fa4/cuDNN | fa4/FA2 |"
+    print("\n" + header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for head_dim, seqlen, causal, r in rows:
+        print(f"| {head_dim} | {seqlen} | {'yes' if causal else 'no'} | "
+              + " | ".join(f"{r[n]:.0f}" for n in names)
+              + f" | {r['fa4'] / r['cuDNN']:.3f} | {r['fa4'] / r['FA2']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

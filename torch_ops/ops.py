@@ -1,0 +1,161 @@
+"""The ``torch.ops.fa4`` operators: schemas, device implementations, fake impls, autograd.
+
+``fa4::fwd``  (q, k, v, ...) -> (out, lse): CUDA runs the AOT-compiled kernels, CPU the chunked
+              torch reference.
+``fa4::bwd``  (dout, q, k, v, out, lse, dlse, ...) -> (dq, dk, dv): chunked recomputation in plain
+              torch ops on every device until the backward kernel lands.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fa4 import _native, heuristics, reference
+from fa4.validation import check_qkv, check_scalars
+
+_MASK_ARGS = "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
+
+torch.library.define(
+    "fa4::fwd",
+    f"(Tensor q, Tensor k, Tensor v, float softmax_scale, {_MASK_ARGS}) -> (Tensor out, Tensor lse)",
+)
+torch.library.define(
+    "fa4::bwd",
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+    f"float softmax_scale, {_MASK_ARGS}) -> (Tensor dq, Tensor dk, Tensor dv)",
+)
+
+
+def _empty_outputs(q, v):
+    b, sq, hq, _ = q.shape
+    out = q.new_empty((b, sq, hq, v.shape[3]))
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
+    check_qkv(q, k, v)
+    check_scalars(softmax_scale, softcap)
+    return heuristics.resolve_mask(causal, window_left, window_right)
+
+
+# ------------------------------------------------------------------------------- forward
+@torch.library.register_fake("fa4::fwd")
+def _fwd_fake(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    return _empty_outputs(q, v)
+
+
+@torch.library.impl("fa4::fwd", "CPU")
+def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    return reference.attention_forward(q, k, v, softmax_scale, softcap, mask)
+
+
+@functools.cache
+def _variant_table() -> dict:
+    return {
+        (v["arch"], v["dtype"], v["head_dim"], v["head_dim_v"], v["mask"], v["softcap"]): v["name"]
+        for v in _native.manifest()["variants"]
+    }
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA needs a 16-byte aligned base and 16-byte multiple strides; copy the rare view that
+    breaks this (any stride with a contiguous last dim is otherwise used in place)."""
+    elem = t.element_size()
+    if t.data_ptr() % 16 == 0 and all((s * elem) % 16 == 0 and s > 0 for s in t.stride()[:-1]):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _unsupported(q, v, mask, softcap, capability) -> NotImplementedError:
+    variants = _native.manifest()["variants"]
+    arch = heuristics.arch_name(capability)
+    if arch is None:
+        return NotImplementedError(
+            f"fa4 ships CUDA kernels for Hopper (sm_90: H100/H200) only; {q.device} is "
+            f"sm_{capability[0]}{capability[1]}. Use torch.nn.functional.scaled_dot_product_attention, "
+            "or CPU tensors for fa4's reference implementation."
+        )
+    dims = heuristics.supported_head_dims(variants, capability)
+    key = (q.shape[3], v.shape[3])
+    if key not in dims:
+        return NotImplementedError(
+            f"head_dim={key[0]}, head_dim_v={key[1]} is not compiled into this build of fa4 "
+            f"(available (head_dim, head_dim_v): {dims}). Pad the head dimension or use "
+            "torch.nn.functional.scaled_dot_product_attention."
+        )
+    return NotImplementedError(
+        f"no compiled fa4 kernel for dtype={q.dtype}, mask={mask.kind}, softcap={softcap > 0} on "
+        f"{arch}; this build was filtered (FA4_VARIANTS) or lacks that combination."
+    )
+
+
+@torch.library.impl("fa4::fwd", "CUDA")
+def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    out, lse = _empty_outputs(q, v)
+    b, sq, hq, _ = q.shape
+    if min(b, sq, hq) == 0:
+        return out, lse
+    if k.shape[1] == 0:  # nothing to attend to: the empty-row convention
+        return out.zero_(), lse.fill_(float("-inf"))
+    if not _native.available():
+        raise RuntimeError(
+            "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
+            "move the tensors to the CPU for the reference implementation."
+        )
+    capability = _capability(q.device.index)
+    key = (heuristics.arch_name(capability), heuristics.DTYPE_NAMES[str(q.dtype)],
+           q.shape[3], v.shape[3], mask.kind, softcap > 0.0)
+    name = _variant_table().get(key)
+    if name is None:
+        raise _unsupported(q, v, mask, softcap, capability)
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    with torch.cuda.device(q.device):
+        _native.fwd(name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left,
+                    mask.window_right, torch.cuda.current_stream(q.device).cuda_stream)
+    return out, lse
+
+
+# ------------------------------------------------------------------------------ backward
+@torch.library.register_fake("fa4::bwd")
+def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1,
+              window_right=-1, softcap=0.0):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _bwd_any_device(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1,
+                    window_right=-1, softcap=0.0):
+    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    return reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, mask)
+
+
+torch.library.impl("fa4::bwd", "CPU")(_bwd_any_device)
+torch.library.impl("fa4::bwd", "CUDA")(_bwd_any_device)
+
+
+# ------------------------------------------------------------------------------ autograd
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = (softmax_scale, causal, window_left, window_right, softcap)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, dlse, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd("fa4::fwd", _backward, setup_context=_setup_context)

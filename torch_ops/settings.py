@@ -1,0 +1,16 @@
+"""Every run-time FA4_* environment variable, read here and nowhere else (see the README).
+
+Build-time variables (FA4_ARCHS, FA4_VARIANTS, FA4_BUILD_JOBS) belong to the build driver,
+``fa4_kernels.aot.env_settings``.
+"""
+import os
+
+
+def native_disabled() -> bool:
+    """FA4_DISABLE_NATIVE=1: never call the compiled kernels (CUDA inputs raise instead)."""
+    return os.environ.get("FA4_DISABLE_NATIVE", "") == "1"
+
+
+def reference_chunk_bytes() -> int:
+    """FA4_REF_CHUNK_MB: working-set budget of the chunked torch reference/backward (default 256)."""
+    return int(float(os.environ.get("FA4_REF_CHUNK_MB", "256")) * 2**20)

@@ -1,0 +1,53 @@
+"""Shared test oracles: a naive float64 attention with fa4's mask semantics, and error metrics."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def naive_attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0):
+    """float64 (out (b, sq, hq, dv), lse (b, hq, sq)) computed the obvious way, for checking."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qd = q.double().transpose(1, 2)
+    kd = k.double().transpose(1, 2).repeat_interleave(hq // hk, dim=1)
+    vd = v.double().transpose(1, 2).repeat_interleave(hq // hk, dim=1)
+    s = qd @ kd.transpose(-1, -2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + sk - sq
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        visible &= j <= diag + right
+    if left >= 0:
+        visible &= j >= diag - left
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    out = (p @ vd).transpose(1, 2)
+    return out, lse
+
+
+def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64 (0 when both are 0); NaN anywhere gives inf."""
+    x, ref = x.double(), ref.double()
+    if torch.isnan(x).any():
+        return float("inf")
+    denom = ref.norm().item()
+    return (x - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs error over finite entries; inf if the -inf pattern differs or NaN appears."""
+    lse, ref = lse.double(), ref.double()
+    if torch.isnan(lse).any() or not torch.equal(torch.isinf(lse), torch.isinf(ref)):
+        return float("inf")
+    finite = ~torch.isinf(ref)
+    return (lse[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0

@@ -1,0 +1,55 @@
+"""Argument checks with messages that name the argument and the rule it breaks."""
+from __future__ import annotations
+
+import torch
+
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Shape/dtype/device rules shared by every path (fake tensors included)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D (batch, seqlen, heads, head_dim); got shape {tuple(t.shape)}. "
+                "For packed variable-length batches use fa4.attention_varlen."
+            )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    allowed = CUDA_DTYPES if q.device.type == "cuda" else CPU_DTYPES
+    if q.dtype not in allowed:
+        raise TypeError(f"q dtype {q.dtype} is not supported on {q.device.type}; use one of {allowed}")
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same seqlen_k; got {k.shape[1]} and {v.shape[1]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same number of heads; got {k.shape[2]} and {v.shape[2]}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k head_dim differ: {q.shape[3]} vs {k.shape[3]}")
+    if q.shape[3] == 0 or v.shape[3] == 0:
+        raise ValueError("head_dim must be positive")
+    if k.shape[2] == 0 and q.shape[2] != 0:
+        raise ValueError("k and v have 0 heads but q has some")
+    if k.shape[2] and q.shape[2] % k.shape[2] != 0:
+        raise ValueError(
+            f"heads of q ({q.shape[2]}) must be a multiple of heads of k/v ({k.shape[2]}) (GQA/MQA)"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() and t.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must be contiguous in its last dimension (stride(-1) == 1); got strides "
+                f"{tuple(t.stride())}. Call .contiguous() on it first."
+            )
+
+
+def check_scalars(softmax_scale: float, softcap: float) -> None:
+    if not (softmax_scale == softmax_scale) or softmax_scale in (float("inf"), float("-inf")):
+        raise ValueError(f"scale must be finite; got {softmax_scale}")
+    if softcap < 0.0 or softcap != softcap:
+        raise ValueError(f"softcap must be >= 0 (0 disables it); got {softcap}")
