@@ -22,6 +22,7 @@ typedef struct {
   float softcap;       /* used by softcap variants */
   int32_t window_left; /* used by local variants, >= 0 */
   int32_t window_right;
+  int32_t heads_per_group; /* tile-order swizzle (see tile_coordinates in sm90/fwd.py), >= 1 */
 } fa4_fwd_params;
 
 enum fa4_status {

@@ -31,6 +31,7 @@ class FwdParams(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32),
+        ("heads_per_group", ctypes.c_int32),
     ]
 
 
@@ -89,6 +90,11 @@ def variant_index() -> dict[str, int]:
     return {lib.fa4_variant_name(i).decode(): i for i in range(lib.fa4_num_variants())}
 
 
+@functools.cache
+def _index(name: str) -> int:
+    return variant_index()[name]
+
+
 def as_native(t) -> Tensor:
     out = Tensor()
     out.data = t.data_ptr()
@@ -100,11 +106,11 @@ def as_native(t) -> Tensor:
 
 
 def fwd(name: str, q, k, v, out, lse, softmax_scale: float, softcap: float,
-        window_left: int, window_right: int, stream: int) -> None:
+        window_left: int, window_right: int, heads_per_group: int, stream: int) -> None:
     lib = library()
-    params = FwdParams(softmax_scale, softcap, window_left, window_right)
+    params = FwdParams(softmax_scale, softcap, window_left, window_right, heads_per_group)
     status = lib.fa4_fwd(
-        variant_index()[name], as_native(q), as_native(k), as_native(v), as_native(out),
+        _index(name), as_native(q), as_native(k), as_native(v), as_native(out),
         as_native(lse), ctypes.byref(params), ctypes.c_void_p(stream),
     )
     if status != 0:

@@ -20,27 +20,35 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fa4
 
 
-def time_ms(fn, warmup: int, iters: int) -> float:
+def time_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> float:
+    """Median over ``iters`` samples of the mean time of ``calls_per_sample`` back-to-back calls.
+
+    Calls are queued without synchronising in between, so the CPU runs ahead and a sample
+    measures GPU time (as in real training loops), not Python launch overhead.
+    """
     for i in range(warmup):
         fn(i)
     torch.cuda.synchronize()
     times = []
-    for i in range(iters):
+    for it in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(i)
+        for j in range(calls_per_sample):
+            fn(it * calls_per_sample + j)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls_per_sample)
     return statistics.median(times)
 
 
-def make_inputs(batch, seqlen, heads, head_dim, dtype, copies):
-    # (B, H, S, D) storage: SDPA's native layout; fa4 takes the (B, S, H, D) view without a copy.
-    return [
-        tuple(torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype) for _ in range(3))
-        for _ in range(copies)
-    ]
+def make_inputs(batch, seqlen, heads, head_dim, dtype, copies, layout):
+    """Tensors as every provider sees them, (B, H, S, D), stored either that way ("bhsd") or
+    as (B, S, H, D) ("bshd", fa4's native layout) and transposed: no provider copies."""
+    def one():
+        if layout == "bhsd":
+            return torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype)
+        return torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+    return [tuple(one() for _ in range(3)) for _ in range(copies)]
 
 
 def providers(causal: bool, flex: bool):
@@ -80,13 +88,16 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
+    ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
+                    help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("fa4.bench needs a CUDA GPU")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
-    print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}; TFLOP/s (median of {args.iters})")
+    print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, {args.layout} storage; "
+          f"TFLOP/s (median of {args.iters} samples of 5 back-to-back calls)")
     names = None
     rows = []
     for head_dim in args.head_dims:
@@ -97,7 +108,7 @@ def main(argv=None):
                 flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
                 result = {}
                 for name, fn in providers(causal, args.flex).items():
-                    inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, copies=3)
+                    inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, 3, args.layout)
                     try:
                         ms = time_ms(lambda i: fn(*inputs[i % len(inputs)]), args.warmup, args.iters)
                         result[name] = flops / (ms * 1e-3) / 1e12

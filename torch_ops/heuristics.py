@@ -63,3 +63,16 @@ def select_variant(variants: list[dict], capability, dtype: str, head_dim: int, 
 def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int]]:
     arch = arch_name(capability)
     return sorted({(v["head_dim"], v["head_dim_v"]) for v in variants if v["arch"] == arch})
+
+
+def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, elem_bytes: int,
+                    num_heads_batches: int) -> int:
+    """How many (head, batch) pairs one L2-swizzle group of the tile order holds.
+
+    Tiles of a group run together and stream the same K/V, so the group's K/V should stay in L2:
+    FlashAttention-3 budgets 32 MB of the H100's 50 MB for it. We take the same share of the
+    device's L2 (50 MB H100, 60 MB H200), at least one pair and at most all of them.
+    """
+    kv_bytes_per_head = max(1, seqlen_k * (head_dim + head_dim_v) * elem_bytes)
+    budget = l2_bytes * 32 // 50
+    return max(1, min(num_heads_batches, budget // kv_bytes_per_head))

@@ -62,8 +62,10 @@ def _variant_table() -> dict:
 
 
 @functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+def _device_facts(index: int) -> tuple[tuple[int, int], int]:
+    """(compute capability, L2 bytes) of a CUDA device."""
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor), props.L2_cache_size
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -112,16 +114,21 @@ def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right
             "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
             "move the tensors to the CPU for the reference implementation."
         )
-    capability = _capability(q.device.index)
+    capability, l2_bytes = _device_facts(q.device.index)
     key = (heuristics.arch_name(capability), heuristics.DTYPE_NAMES[str(q.dtype)],
            q.shape[3], v.shape[3], mask.kind, softcap > 0.0)
     name = _variant_table().get(key)
     if name is None:
         raise _unsupported(q, v, mask, softcap, capability)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    with torch.cuda.device(q.device):
-        _native.fwd(name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left,
-                    mask.window_right, torch.cuda.current_stream(q.device).cuda_stream)
+    group = heuristics.heads_per_group(l2_bytes, k.shape[1], q.shape[3], v.shape[3], q.element_size(), b * hq)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    args = (name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left, mask.window_right, group, stream)
+    if torch.cuda.current_device() == q.device.index:
+        _native.fwd(*args)
+    else:  # the library launches on the current device
+        with torch.cuda.device(q.device):
+            _native.fwd(*args)
     return out, lse
 
 

@@ -98,7 +98,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
     )
     compiled = cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse,
-        Float32(1.0), Float32(0.0), Int32(0), Int32(0), make_fake_stream(),
+        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), make_fake_stream(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -206,7 +206,8 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                        cudaStream_t stream) {{
 {_tensor_fill(n, header)}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, p->softmax_scale,
-                              p->softcap, p->window_left, p->window_right, stream);
+                              p->softcap, p->window_left, p->window_right,
+                              p->heads_per_group, stream);
 }}""")
         rows.append(f'  {{"{n}", {major}, {minor}, {n}_init, {n}_load, {n}_fwd}},')
     out.append("const fa4_variant fa4_variants[] = {")

@@ -43,3 +43,12 @@ def test_select_variant_exact_match_only():
     assert heuristics.select_variant(VARIANTS, (8, 0), "bf16", 128, 128, "causal", False) is None
     assert heuristics.supported_head_dims(VARIANTS, (9, 0)) == [(64, 64), (128, 128)]
     assert heuristics.arch_name((10, 0)) is None
+
+
+def test_heads_per_group_fits_l2_budget():
+    mb = 1 << 20
+    # 4k keys, d=128: 2 MB of K/V per head; 32/50 of 50 MB ~ 32 MB -> 16 heads.
+    assert heuristics.heads_per_group(50 * mb, 4096, 128, 128, 2, 64) == 16
+    assert heuristics.heads_per_group(50 * mb, 4096, 128, 128, 2, 8) == 8  # capped by the pairs
+    assert heuristics.heads_per_group(50 * mb, 1 << 20, 256, 256, 2, 64) == 1  # huge heads: one at a time
+    assert heuristics.heads_per_group(0, 16, 64, 64, 2, 4) == 1

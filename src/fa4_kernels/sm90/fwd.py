@@ -59,6 +59,30 @@ def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
     return cute.tile_to_shape(atom, shape, order=order)
 
 
+@cute.jit
+def tile_coordinates(tile, num_m_blocks, num_heads, num_batches, heads_per_group, longest_first: cutlass.Constexpr):
+    """Linear block index -> (m_block, head, batch), in longest-processing-time order with an
+    L2 swizzle (FlashAttention-3's LPT scheduler, for a grid the hardware hands out in order).
+
+    (head, batch) pairs are taken ``heads_per_group`` at a time, a group being as many heads as
+    have K/V fitting in L2; inside a group the tiles go m_block-major, interleaving the heads,
+    so the concurrently running CTAs share K/V through L2. With ``longest_first`` (causal/local),
+    m_blocks run from the last (most K/V blocks) to the first.
+    """
+    num_hb = num_heads * num_batches
+    group_tiles = heads_per_group * num_m_blocks
+    group = tile // group_tiles
+    idx = tile - group * group_tiles
+    heads_in_group = cutlass.min(heads_per_group, num_hb - group * heads_per_group)
+    m_idx = idx // heads_in_group
+    hb = group * heads_per_group + idx - m_idx * heads_in_group
+    m_block = m_idx
+    if const_expr(longest_first):
+        m_block = num_m_blocks - 1 - m_idx
+    batch = hb // num_heads
+    return m_block, hb - batch * num_heads, batch
+
+
 class FlashAttentionForwardSm90:
     def __init__(
         self,
@@ -122,6 +146,7 @@ class FlashAttentionForwardSm90:
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
         window_right: Int32,
+        heads_per_group: Int32,  # tile-order swizzle: (head, batch) pairs whose K/V share L2
         stream: cuda.CUstream,
     ):
         # Sequence-major views: (seqlen, dim, head, batch) so a tile is (tile, dim) at [.., h, b].
@@ -167,7 +192,7 @@ class FlashAttentionForwardSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
         num_m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        grid = (num_m_blocks * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
 
         if const_expr(self.has_softcap):
             # tanh soft-capping is applied to raw scores: s <- softcap * tanh(s * scale / softcap),
@@ -181,7 +206,7 @@ class FlashAttentionForwardSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-            scale_log2, score_scale, softcap, window_left, window_right,
+            scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(
@@ -209,6 +234,7 @@ class FlashAttentionForwardSm90:
         softcap: Float32,
         window_left: Int32,
         window_right: Int32,
+        heads_per_group: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -258,14 +284,12 @@ class FlashAttentionForwardSm90:
             window_left if const_expr(self.is_local) else None,
             window_right if const_expr(self.is_local) else None,
         )
-        # Tile coordinates. Causal tiles with a larger m_block do more work: hand those out
-        # first (the hardware dispatches blocks roughly in blockIdx.x order).
-        bidx, head_idx, batch_idx = cute.arch.block_idx()
-        m_block = bidx
-        if const_expr(self.is_causal or self.is_local):
-            m_block = cute.arch.grid_dim()[0] - 1 - bidx
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        m_block, head_idx, batch_idx = tile_coordinates(
+            cute.arch.block_idx()[0], cute.ceil_div(seqlen_q, self.tile_m), mQ.shape[2], mQ.shape[3],
+            heads_per_group, self.is_causal or self.is_local,
+        )
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
