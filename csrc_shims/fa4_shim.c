@@ -97,8 +97,9 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
       (status = check_tensor("lse", lse, 3, 4)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
-  if (params->heads_per_group < 1 || params->window_left < 0 || params->window_right < 0)
-    return fail(FA4_ERR_BAD_TENSOR, "heads_per_group must be >= 1 and windows >= 0");
+  if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
+      params->window_right < 0)
+    return fail(FA4_ERR_BAD_TENSOR, "heads_per_group and num_sms must be >= 1, windows >= 0");
   if (q->shape[0] * q->shape[2] * ((q->shape[1] + 127) / 128) > INT32_MAX)
     return fail(FA4_ERR_BAD_TENSOR, "too many tiles for one launch (batch * heads * seqlen_q / 128 >= 2^31)");
 

@@ -22,7 +22,8 @@ typedef struct {
   float softcap;       /* used by softcap variants */
   int32_t window_left; /* used by local variants, >= 0 */
   int32_t window_right;
-  int32_t heads_per_group; /* tile-order swizzle (see tile_coordinates in sm90/fwd.py), >= 1 */
+  int32_t heads_per_group; /* tile-order L2 swizzle (src/fa4_kernels/tile_scheduler.py), >= 1 */
+  int32_t num_sms;         /* persistent grid size: the device's multiprocessor count */
 } fa4_fwd_params;
 
 enum fa4_status {

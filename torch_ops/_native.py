@@ -32,6 +32,7 @@ class FwdParams(ctypes.Structure):
         ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32),
         ("heads_per_group", ctypes.c_int32),
+        ("num_sms", ctypes.c_int32),
     ]
 
 
@@ -106,9 +107,9 @@ def as_native(t) -> Tensor:
 
 
 def fwd(name: str, q, k, v, out, lse, softmax_scale: float, softcap: float,
-        window_left: int, window_right: int, heads_per_group: int, stream: int) -> None:
+        window_left: int, window_right: int, heads_per_group: int, num_sms: int, stream: int) -> None:
     lib = library()
-    params = FwdParams(softmax_scale, softcap, window_left, window_right, heads_per_group)
+    params = FwdParams(softmax_scale, softcap, window_left, window_right, heads_per_group, num_sms)
     status = lib.fa4_fwd(
         _index(name), as_native(q), as_native(k), as_native(v), as_native(out),
         as_native(lse), ctypes.byref(params), ctypes.c_void_p(stream),

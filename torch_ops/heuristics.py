@@ -66,7 +66,7 @@ def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int
 
 
 def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, elem_bytes: int,
-                    num_heads_batches: int) -> int:
+                    num_heads_batches: int, budget_bytes: int | None = None) -> int:
     """How many (head, batch) pairs one L2-swizzle group of the tile order holds.
 
     Tiles of a group run together and stream the same K/V, so the group's K/V should stay in L2:
@@ -74,5 +74,5 @@ def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int
     device's L2 (50 MB H100, 60 MB H200), at least one pair and at most all of them.
     """
     kv_bytes_per_head = max(1, seqlen_k * (head_dim + head_dim_v) * elem_bytes)
-    budget = l2_bytes * 32 // 50
+    budget = l2_bytes * 32 // 50 if budget_bytes is None else budget_bytes
     return max(1, min(num_heads_batches, budget // kv_bytes_per_head))

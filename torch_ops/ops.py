@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from fa4 import _native, heuristics, reference
+from fa4 import _native, heuristics, reference, settings
 from fa4.validation import check_qkv, check_scalars
 
 _MASK_ARGS = "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
@@ -62,10 +62,10 @@ def _variant_table() -> dict:
 
 
 @functools.cache
-def _device_facts(index: int) -> tuple[tuple[int, int], int]:
-    """(compute capability, L2 bytes) of a CUDA device."""
+def _device_facts(index: int) -> tuple[tuple[int, int], int, int]:
+    """(compute capability, L2 bytes, multiprocessor count) of a CUDA device."""
     props = torch.cuda.get_device_properties(index)
-    return (props.major, props.minor), props.L2_cache_size
+    return (props.major, props.minor), props.L2_cache_size, props.multi_processor_count
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -114,16 +114,18 @@ def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right
             "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
             "move the tensors to the CPU for the reference implementation."
         )
-    capability, l2_bytes = _device_facts(q.device.index)
+    capability, l2_bytes, num_sms = _device_facts(q.device.index)
     key = (heuristics.arch_name(capability), heuristics.DTYPE_NAMES[str(q.dtype)],
            q.shape[3], v.shape[3], mask.kind, softcap > 0.0)
     name = _variant_table().get(key)
     if name is None:
         raise _unsupported(q, v, mask, softcap, capability)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    group = heuristics.heads_per_group(l2_bytes, k.shape[1], q.shape[3], v.shape[3], q.element_size(), b * hq)
+    group = heuristics.heads_per_group(l2_bytes, k.shape[1], q.shape[3], v.shape[3], q.element_size(), b * hq,
+                                      settings.l2_swizzle_bytes())
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    args = (name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left, mask.window_right, group, stream)
+    args = (name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left, mask.window_right, group,
+            num_sms, stream)
     if torch.cuda.current_device() == q.device.index:
         _native.fwd(*args)
     else:  # the library launches on the current device

@@ -14,3 +14,10 @@ def native_disabled() -> bool:
 def reference_chunk_bytes() -> int:
     """FA4_REF_CHUNK_MB: working-set budget of the chunked torch reference/backward (default 256)."""
     return int(float(os.environ.get("FA4_REF_CHUNK_MB", "256")) * 2**20)
+
+
+def l2_swizzle_bytes() -> int | None:
+    """FA4_L2_SWIZZLE_MB: L2 share the tile order may fill with one group's K/V (tuning knob;
+    default: fa4.heuristics.heads_per_group's choice)."""
+    value = os.environ.get("FA4_L2_SWIZZLE_MB")
+    return int(float(value) * 2**20) if value else None

@@ -98,7 +98,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
     )
     compiled = cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse,
-        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), make_fake_stream(),
+        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), make_fake_stream(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -123,6 +123,9 @@ def build_objects(variants, out_root: Path, jobs: int) -> dict:
     for key in variants:
         obj_dir = out_root / key.arch / f"{key.name}-{variant_digest(key, sources, version)}"
         results[key.name] = obj_dir
+        for stale in obj_dir.parent.glob(f"{key.name}-*"):  # older builds of this variant
+            if stale != obj_dir:
+                shutil.rmtree(stale, ignore_errors=True)
         if not (obj_dir / "COMPLETE").exists():
             plan.append((key, obj_dir))
     print(f"fa4 aot: {len(variants)} variants, {len(variants) - len(plan)} cached, "
@@ -207,7 +210,7 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
 {_tensor_fill(n, header)}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
-                              p->heads_per_group, stream);
+                              p->heads_per_group, p->num_sms, stream);
 }}""")
         rows.append(f'  {{"{n}", {major}, {minor}, {n}_init, {n}_load, {n}_fwd}},')
     out.append("const fa4_variant fa4_variants[] = {")
@@ -256,7 +259,9 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
         str(SHIM_DIR / "fa4_shim.c"), str(SHIM_DIR / "cuda_forwards.c"), str(table_c), *objects,
         "-L", str(cudart_dir), f"-l:{cudart}", "-lpthread", "-o", str(tmp_out),
     ]
-    subprocess.run(cmd, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"linking {LIB_NAME} failed:\n{' '.join(cmd)}\n{proc.stderr}")
     out = lib_dir / LIB_NAME
     os.replace(tmp_out, out)
     manifest = {

@@ -7,8 +7,11 @@ import enum
 
 
 class FwdBarrier(enum.IntEnum):
-    # Consumer threads finished writing O to shared memory (and the TMA-store warp may go).
-    EPILOGUE = 1
-    # Ping-pong between the two consumer warpgroups: WG k waits on WG_SCHEDULER + k - 1
-    # before issuing its GEMMs; the other warpgroup arrives on it after issuing its own.
-    WG_SCHEDULER = 2  # 2 and 3
+    # All consumer threads are done with the previous use of the O staging buffer (and, when it
+    # aliases Q, with their last Q @ K^T) before anyone writes O into it.
+    EPILOGUE_SMEM_FREE = 1
+    # O is in shared memory (and fenced): the storing warp may issue the TMA store.
+    EPILOGUE_O_READY = 2
+    # Ping-pong between the two consumer warpgroups: WG k waits on WG_SCHEDULER + k before
+    # issuing its GEMMs; the other warpgroup arrives on it after issuing its own.
+    WG_SCHEDULER = 3  # 3 and 4

@@ -1,5 +1,9 @@
 """FlashAttention forward for Hopper (sm_90a), warp-specialised, TMA + WGMMA.
 
+Persistent: at most one CTA per SM loops over (m_block, head, batch) tiles in
+longest-processing-time order (``tile_scheduler.py``); the loads of the next tile overlap the
+epilogue of the current one.
+
 Roles (3 warpgroups, 384 threads):
   * warpgroup 0, warp 0: producer. Issues TMA loads of the Q tile and of a ring of K and V
     tiles (``num_stages`` deep, one mbarrier pipeline each for K and V), then idles. The whole
@@ -39,6 +43,7 @@ from fa4_kernels.hopper_mma import (
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
 from fa4_kernels.softmax import OnlineSoftmax
+from fa4_kernels.tile_scheduler import StaticPersistentScheduler
 
 LOG2_E = 1.4426950408889634
 
@@ -47,6 +52,8 @@ NUM_CONSUMER_WG = 2
 # Register budget per thread after setmaxnreg: 24 * 128 + 240 * 256 <= 64K registers.
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
+SMEM_CAPACITY = 227 * 1024
+STORE_WARP = 4  # first consumer warp: issues the TMA store of O  # dynamic shared memory a block may opt into on sm_90
 
 
 def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
@@ -57,30 +64,6 @@ def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     order = (0, 1) if stages is None else (0, 1, 2)
     return cute.tile_to_shape(atom, shape, order=order)
-
-
-@cute.jit
-def tile_coordinates(tile, num_m_blocks, num_heads, num_batches, heads_per_group, longest_first: cutlass.Constexpr):
-    """Linear block index -> (m_block, head, batch), in longest-processing-time order with an
-    L2 swizzle (FlashAttention-3's LPT scheduler, for a grid the hardware hands out in order).
-
-    (head, batch) pairs are taken ``heads_per_group`` at a time, a group being as many heads as
-    have K/V fitting in L2; inside a group the tiles go m_block-major, interleaving the heads,
-    so the concurrently running CTAs share K/V through L2. With ``longest_first`` (causal/local),
-    m_blocks run from the last (most K/V blocks) to the first.
-    """
-    num_hb = num_heads * num_batches
-    group_tiles = heads_per_group * num_m_blocks
-    group = tile // group_tiles
-    idx = tile - group * group_tiles
-    heads_in_group = cutlass.min(heads_per_group, num_hb - group * heads_per_group)
-    m_idx = idx // heads_in_group
-    hb = group * heads_per_group + idx - m_idx * heads_in_group
-    m_block = m_idx
-    if const_expr(longest_first):
-        m_block = num_m_blocks - 1 - m_idx
-    batch = hb // num_heads
-    return m_block, hb - batch * num_heads, batch
 
 
 class FlashAttentionForwardSm90:
@@ -109,9 +92,21 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
+        elem = dtype.width // 8
+        smem_separate_o = elem * (
+            tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
+        )
+        self.o_aliases_q = smem_separate_o + 4096 > SMEM_CAPACITY
         self.num_mma_threads = THREADS_PER_WG * NUM_CONSUMER_WG
 
     # ------------------------------------------------------------------ host side
+    def scheduler(self, mQ: cute.Tensor, heads_per_group: Int32) -> StaticPersistentScheduler:
+        """mQ in the (seqlen, dim, head, batch) view."""
+        return StaticPersistentScheduler(
+            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]),
+            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local,
+        )
+
     def _tiled_mmas(self):
         qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
@@ -147,6 +142,7 @@ class FlashAttentionForwardSm90:
         window_left: Int32,  # used only by local variants; >= 0
         window_right: Int32,
         heads_per_group: Int32,  # tile-order swizzle: (head, batch) pairs whose K/V share L2
+        num_sms: Int32,  # persistent grid size (a run-time fact: the build machine has no GPU)
         stream: cuda.CUstream,
     ):
         # Sequence-major views: (seqlen, dim, head, batch) so a tile is (tile, dim) at [.., h, b].
@@ -179,8 +175,10 @@ class FlashAttentionForwardSm90:
         self.tx_bytes_K = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
         self.tx_bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
-        # O is staged through Q's buffer (Q is dead once the last Q @ K^T has completed).
+        # O gets its own staging buffer when it fits, so the next tile's Q can load during the
+        # epilogue; otherwise it reuses Q's buffer and Q is released only after the O store.
         cosize_QO = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
+        cosize_O = 0 if const_expr(self.o_aliases_q) else cute.cosize(sO_layout)
 
         @cute.struct
         class SharedStorage:
@@ -190,9 +188,10 @@ class FlashAttentionForwardSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_QO], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
 
-        num_m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        grid = (num_m_blocks * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
+        num_tiles = self.scheduler(mQ, heads_per_group).num_tiles
+        grid = (cutlass.min(num_tiles, num_sms), 1, 1)
 
         if const_expr(self.has_softcap):
             # tanh soft-capping is applied to raw scores: s <- softcap * tanh(s * scale / softcap),
@@ -277,7 +276,10 @@ class FlashAttentionForwardSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        if const_expr(self.o_aliases_q):
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
 
         block_info = BlockInfo(
             self.tile_m, self.tile_n, self.is_causal, self.is_local,
@@ -286,18 +288,14 @@ class FlashAttentionForwardSm90:
         )
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        m_block, head_idx, batch_idx = tile_coordinates(
-            cute.arch.block_idx()[0], cute.ceil_div(seqlen_q, self.tile_m), mQ.shape[2], mQ.shape[3],
-            heads_per_group, self.is_causal or self.is_local,
-        )
+        scheduler = self.scheduler(mQ, heads_per_group)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
                 self.load(
                     mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                    pipeline_q, pipeline_k, pipeline_v, block_info,
-                    m_block, head_idx, batch_idx, seqlen_q, seqlen_k,
+                    pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -309,7 +307,7 @@ class FlashAttentionForwardSm90:
                 scale_log2, score_scale, softcap, block_info,
                 AttentionMask(self.tile_m, self.tile_n, seqlen_q, seqlen_k,
                               block_info.window_left, block_info.window_right),
-                m_block, head_idx, batch_idx, seqlen_q, seqlen_k,
+                scheduler, seqlen_q, seqlen_k,
             )
 
     @cute.jit
@@ -328,53 +326,56 @@ class FlashAttentionForwardSm90:
         pipeline_k: pipeline.PipelineAsync,
         pipeline_v: pipeline.PipelineAsync,
         block_info: BlockInfo,
-        m_block: Int32,
-        head_idx: Int32,
-        batch_idx: Int32,
+        scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
     ):
-        head_idx_kv = head_idx // (mQ.shape[2] // mK.shape[2])
-        gQ = cute.local_tile(mQ[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim_v), (None, 0))
-        # TMA partitions: ((atom_v, rest_v)) for Q, ((atom_v, rest_v), n_blocks | stages) for K/V.
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-        )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
-        )
-
-        n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+        qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        tile = scheduler.first_tile()
+        while tile < scheduler.num_tiles:
+            m_block, head_idx, batch_idx = scheduler.coordinates(tile)
+            head_idx_kv = head_idx // qhead_per_kvhead
+            gQ = cute.local_tile(mQ[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim), (m_block, 0))
+            gK = cute.local_tile(mK[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim_v), (None, 0))
+            # TMA partitions: ((atom_v, rest_v)) for Q, ((atom_v, rest_v), n_blocks | stages) for K/V.
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+            )
+            tKsK, tKgK = cpasync.tma_partition(
+                tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+            )
+            tVsV, tVgV = cpasync.tma_partition(
+                tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+            )
+            n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
 
-        # K of the last block first: the consumers start with Q @ K^T of that block.
-        n_block = n_block_max - 1
-        pipeline_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-        pipeline_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-        # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
-        # issue order (Q @ K^T of j-1 together with P @ V of j).
-        for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
-            n_block = n_block_max - 2 - i
-            v_state = kv_state.clone()
-            kv_state.advance()
+            # K of the last block first: the consumers start with Q @ K^T of that block.
             pipeline_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+            cute.copy(tma_atom_K, tKgK[None, n_block_max - 1], tKsK[None, kv_state.index],
                       tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-            pipeline_v.producer_acquire(v_state)
-            cute.copy(tma_atom_V, tVgV[None, n_block + 1], tVsV[None, v_state.index],
-                      tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
-        pipeline_v.producer_acquire(kv_state)
-        cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
-                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+            pipeline_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            q_state.advance()
+            # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
+            # issue order (Q @ K^T of j-1 together with P @ V of j).
+            for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
+                n_block = n_block_max - 2 - i
+                v_state = kv_state.clone()
+                kv_state.advance()
+                pipeline_k.producer_acquire(kv_state)
+                cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                          tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                pipeline_v.producer_acquire(v_state)
+                cute.copy(tma_atom_V, tVgV[None, n_block + 1], tVsV[None, v_state.index],
+                          tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
+            pipeline_v.producer_acquire(kv_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+            tile = scheduler.next_tile(tile)
 
     @cute.jit
     def consume(
@@ -397,9 +398,7 @@ class FlashAttentionForwardSm90:
         softcap: Float32,
         block_info: BlockInfo,
         mask: AttentionMask,
-        m_block: Int32,
-        head_idx: Int32,
-        batch_idx: Int32,
+        scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
     ):
@@ -418,61 +417,76 @@ class FlashAttentionForwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
 
-        # The first warpgroup gets a head start on the ping-pong.
+        # The first warpgroup gets a head start on the ping-pong. Both warpgroups then do the
+        # same number of waits and signals per tile, so the pending signal carries over.
         if wg_idx == 0:
             cute.arch.barrier_arrive(
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
-        n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
-        pipeline_q.consumer_wait(q_state)
+        tile = scheduler.first_tile()
+        while tile < scheduler.num_tiles:
+            m_block, head_idx, batch_idx = scheduler.coordinates(tile)
+            n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+            pipeline_q.consumer_wait(q_state)
 
-        # First block: Q @ K^T alone (nothing to overlap it with), masked for the seqlen_k tail
-        # and the causal/local edges.
-        n_block = n_block_max - 1
-        pipeline_k.consumer_wait(kv_state)
-        acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
-        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, 0)
-        pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(
-            acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block,
-            mask_seqlen=True, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
-            is_first=True,
-        )
+            # First block: Q @ K^T alone (nothing to overlap it with), masked for the seqlen_k
+            # tail and the causal/local edges.
+            pipeline_k.consumer_wait(kv_state)
+            acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, 0)
+            pipeline_k.consumer_release(kv_state)
+            self.scores_to_probs(
+                acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block_max - 1,
+                mask_seqlen=True, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
+                is_first=True,
+            )
 
-        step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
-            kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
-            acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
-            m_block, mask_right, mask_left,
-        )
-        # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
-        n_block_max_unmasked = n_block_max - 1
-        if const_expr(self.is_causal or self.is_local):
-            n_right = block_info.n_block_min_right_mask(seqlen_q, seqlen_k, m_block, n_block_min)
-            for i in cutlass.range(n_block_max_unmasked - n_right, unroll=1):
-                kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
-            n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
-        # ... the interior does not ...
-        n_left = block_info.n_block_min_no_left_mask(seqlen_q, seqlen_k, m_block, n_block_min)
-        for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
-            kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
-        # ... and a local window's left edge does again.
-        if const_expr(self.is_local):
-            n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_left)
-            for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
-                kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
+            step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
+                kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
+                acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
+                m_block, mask_right, mask_left,
+            )
+            # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
+            n_block_max_unmasked = n_block_max - 1
+            if const_expr(self.is_causal or self.is_local):
+                n_right = block_info.n_block_min_right_mask(seqlen_q, seqlen_k, m_block, n_block_min)
+                for i in cutlass.range(n_block_max_unmasked - n_right, unroll=1):
+                    kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
+                n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
+            # ... the interior does not ...
+            n_left = block_info.n_block_min_no_left_mask(seqlen_q, seqlen_k, m_block, n_block_min)
+            for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
+                kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
+            # ... and a local window's left edge does again.
+            if const_expr(self.is_local):
+                n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_left)
+                for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
+                    kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
 
-        # Last P @ V.
-        pipeline_q.consumer_release(q_state)
-        pipeline_v.consumer_wait(kv_state)
-        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
-              n_block_max - n_block_min > 1, 0)
-        pipeline_v.consumer_release(kv_state)
+            # Every Q @ K^T of this tile has completed: the producer may load the next Q, unless
+            # O is staged in Q's buffer (then after the O store).
+            if const_expr(not self.o_aliases_q):
+                pipeline_q.consumer_release(q_state)
+            # Last P @ V.
+            pipeline_v.consumer_wait(kv_state)
+            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+                  n_block_max - n_block_min > 1, 0)
+            pipeline_v.consumer_release(kv_state)
+            kv_state.advance()
 
-        row_scale = softmax.finalize()
-        softmax.rescale(acc_O, row_scale)
-        self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                      m_block, head_idx, batch_idx, seqlen_q)
+            row_scale = softmax.finalize()
+            softmax.rescale(acc_O, row_scale)
+            self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
+                          m_block, head_idx, batch_idx, seqlen_q)
+            if const_expr(self.o_aliases_q):
+                pipeline_q.consumer_release(q_state)
+            q_state.advance()
+            tile = scheduler.next_tile(tile)
+
+        # Shared memory must outlive the last TMA store's reads.
+        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def overlapped_step(
@@ -580,10 +594,14 @@ class FlashAttentionForwardSm90:
         batch_idx: Int32,
         seqlen_q: Int32,
     ):
+        is_store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        # sO aliases sQ: every consumer must be done with its last Q @ K^T.
-        cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
+        # The previous tile's TMA store must have read sO (the storing warp waits for it), and when
+        # sO aliases sQ every consumer must be past its last Q @ K^T.
+        if is_store_warp:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_SMEM_FREE), number_of_threads=self.num_mma_threads)
         smem_copy_O = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
             tiled_mma_pv,
@@ -600,19 +618,16 @@ class FlashAttentionForwardSm90:
                 if row < seqlen_q:
                     mLSE_cur[row] = lse[r]
 
-        # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile.
+        # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile; it
+        # waits for the store's reads only before sO is next written (or at exit).
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(
-            barrier_id=int(FwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE
-        )
-        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
-            cute.arch.barrier(
-                barrier_id=int(FwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE
-            )
+        ready = self.num_mma_threads + cute.arch.WARP_SIZE
+        cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+        if is_store_warp:
+            cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
             gO = cute.local_tile(mO[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(
                 tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
             )
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)

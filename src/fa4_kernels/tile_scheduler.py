@@ -1,0 +1,55 @@
+"""Static persistent tile scheduler: which (m_block, head, batch) tiles a CTA works on.
+
+The grid has at most one CTA per SM; CTA ``c`` takes tiles c, c + grid, c + 2 * grid, ...
+of one global order. That order is FlashAttention-3's longest-processing-time-first order
+with an L2 swizzle:
+
+* (head, batch) pairs are taken ``heads_per_group`` at a time, a group being as many heads as
+  have K/V fitting a share of L2 (chosen on the host, ``fa4.heuristics.heads_per_group``);
+* inside a group the tiles go m_block-major, interleaving the group's heads, so the CTAs
+  running together stream the same K/V through L2;
+* with ``longest_first`` (causal/local: later m_blocks see more keys) m_blocks run from the
+  last to the first, so the long tiles start early and the short ones fill the tail.
+"""
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+
+
+@dataclass(frozen=True)
+class StaticPersistentScheduler:
+    num_m_blocks: Int32
+    num_heads: Int32
+    num_batches: Int32
+    heads_per_group: Int32
+    longest_first: cutlass.Constexpr[bool]
+
+    @property
+    def num_tiles(self):
+        return self.num_m_blocks * self.num_heads * self.num_batches
+
+    @staticmethod
+    def first_tile():
+        return Int32(cute.arch.block_idx()[0])
+
+    @staticmethod
+    def next_tile(tile):
+        return tile + Int32(cute.arch.grid_dim()[0])
+
+    @cute.jit
+    def coordinates(self, tile: Int32):
+        """Linear tile index -> (m_block, head, batch)."""
+        num_hb = self.num_heads * self.num_batches
+        group_tiles = self.heads_per_group * self.num_m_blocks
+        group = tile // group_tiles
+        idx = tile - group * group_tiles
+        heads_in_group = cutlass.min(self.heads_per_group, num_hb - group * self.heads_per_group)
+        m_idx = idx // heads_in_group
+        hb = group * self.heads_per_group + idx - m_idx * heads_in_group
+        m_block = m_idx
+        if const_expr(self.longest_first):
+            m_block = self.num_m_blocks - 1 - m_idx
+        batch = hb // self.num_heads
+        return m_block, hb - batch * self.num_heads, batch
