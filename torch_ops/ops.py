@@ -122,10 +122,11 @@ def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right
         raise _unsupported(q, v, mask, softcap, capability)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     group = heuristics.heads_per_group(l2_bytes, k.shape[1], q.shape[3], v.shape[3], q.element_size(), b * hq,
-                                      settings.l2_swizzle_bytes())
+                                      settings.l2_swizzle_bytes(), mask.kind)
+    grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
     stream = torch.cuda.current_stream(q.device).cuda_stream
     args = (name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left, mask.window_right, group,
-            num_sms, stream)
+            grid, stream)
     if torch.cuda.current_device() == q.device.index:
         _native.fwd(*args)
     else:  # the library launches on the current device

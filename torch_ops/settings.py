@@ -21,3 +21,9 @@ def l2_swizzle_bytes() -> int | None:
     default: fa4.heuristics.heads_per_group's choice)."""
     value = os.environ.get("FA4_L2_SWIZZLE_MB")
     return int(float(value) * 2**20) if value else None
+
+
+def persistent_override() -> bool | None:
+    """FA4_PERSISTENT=0/1: force a one-CTA-per-tile grid or the persistent one (tuning knob)."""
+    value = os.environ.get("FA4_PERSISTENT")
+    return None if value in (None, "") else value == "1"

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 
 ARCHS = ("sm_90a",)
 DTYPES = ("bf16", "fp16")
-HEAD_DIMS = ((64, 64), (128, 128))
+# (head_dim, head_dim_v): the FlashAttention-3 set, plus DeepSeek-style (192, 128).
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 MASKS = ("none", "causal", "local")
 
 

@@ -25,16 +25,20 @@ class FwdConfig:
 
 
 def fwd_config(key: VariantKey) -> FwdConfig:
-    # tile_m is 128: two consumer warpgroups of 64 rows (the WGMMA M size) each.
-    # tile_n 128 keeps the S accumulator at 64 fp32 registers per thread for head_dim <= 128,
-    # leaving room for the O accumulator and softmax state under the 240-register budget;
-    # two K/V stages are enough to hide TMA latency behind one block of GEMMs.
-    if key.head_dim <= 64:
-        # Small head dims are softmax-bound; a wider N tile amortises the per-row reductions.
+    # tile_m is 128: two consumer warpgroups of 64 rows (the WGMMA M size) each. tile_n sets the
+    # S accumulator (tile_n / 2 fp32 registers per thread) next to the O accumulator
+    # (head_dim_v / 2): both must fit the 240-register consumer budget with the softmax state,
+    # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
+    # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
+    if key.head_dim <= 128:
         cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
-    elif key.head_dim <= 128:
-        cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
+    elif key.head_dim <= 192:
+        # O takes 64 (dv 128) or 96 (dv 192) registers; 112 columns of S keep dv 192 in budget.
+        cfg = FwdConfig(tile_m=128, tile_n=128 if key.head_dim_v <= 128 else 112, num_stages=2)
+    elif key.head_dim <= 256:
+        # O alone is 128 registers per thread; 2 stages of 80-row K/V tiles fill shared memory.
+        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2)
     else:
-        raise ValueError(f"head_dim {key.head_dim} has no sm90 configuration yet")
+        raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     return cfg

@@ -1,8 +1,11 @@
 """Static persistent tile scheduler: which (m_block, head, batch) tiles a CTA works on.
 
-The grid has at most one CTA per SM; CTA ``c`` takes tiles c, c + grid, c + 2 * grid, ...
-of one global order. That order is FlashAttention-3's longest-processing-time-first order
-with an L2 swizzle:
+The grid has at most one CTA per SM and walks one global tile order in rounds of ``grid``
+tiles; in round r CTA c takes tile r * grid + c when r is even and r * grid + grid - 1 - c when
+r is odd. This snake keeps the sum of work per CTA even when the order runs from long tiles to
+short ones (a plain stride would give CTA 0 the longest tile of every round). With a grid of
+one CTA per tile (``num_sms`` large) it is an ordinary grid that the hardware hands out in
+order. The order is FlashAttention-3's longest-processing-time-first order with an L2 swizzle:
 
 * (head, batch) pairs are taken ``heads_per_group`` at a time, a group being as many heads as
   have K/V fitting a share of L2 (chosen on the host, ``fa4.heuristics.heads_per_group``);
@@ -34,9 +37,17 @@ class StaticPersistentScheduler:
     def first_tile():
         return Int32(cute.arch.block_idx()[0])
 
-    @staticmethod
-    def next_tile(tile):
-        return tile + Int32(cute.arch.grid_dim()[0])
+    @cute.jit
+    def next_tile(self, tile: Int32):
+        """The tile this CTA takes in the next round of the snake."""
+        grid = Int32(cute.arch.grid_dim()[0])
+        cta = Int32(cute.arch.block_idx()[0])
+        round_start = tile - tile % grid + grid
+        # (tile // grid) is the current round; the next one runs the other way.
+        nxt = round_start + cta
+        if (tile // grid) % 2 == 0:
+            nxt = round_start + grid - 1 - cta
+        return nxt
 
     @cute.jit
     def coordinates(self, tile: Int32):

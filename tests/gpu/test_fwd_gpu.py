@@ -73,16 +73,29 @@ def check(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
 
 
 SEQLENS = [1, 17, 127, 129, 1000, 4097]
+HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen", SEQLENS)
-def test_square(dtype, head_dim, causal, seqlen):
+def test_square(dtype, dims, causal, seqlen):
+    d, dv = dims
     b, h = (1, 2) if seqlen > 1000 else (3, 4)
-    q, k, v = (torch.randn(b, seqlen, h, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    q, k = (torch.randn(b, seqlen, h, d, device="cuda", dtype=dtype) for _ in range(2))
+    v = torch.randn(b, seqlen, h, dv, device="cuda", dtype=dtype)
     check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("dims", HEAD_DIMS)
+@pytest.mark.parametrize("options", [dict(window=(70, 30)), dict(window=(-1, 0), softcap=20.0), dict(softcap=5.0)])
+def test_head_dims_with_window_and_softcap(dims, options):
+    d, dv = dims
+    q = torch.randn(2, 333, 8, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 400, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 400, 2, dv, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v, **options)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -214,6 +227,13 @@ def test_backward_matches_reference():
     ref = torch.autograd.grad(ref_out, (q, k, v), g.double())
     for got, want in zip(grads, ref):
         assert rel_error(got, want) < 2e-2
+
+
+@pytest.mark.parametrize("persistent", ["0", "1"])
+def test_grid_choices_agree(monkeypatch, persistent):
+    monkeypatch.setenv("FA4_PERSISTENT", persistent)
+    q, k, v = (torch.randn(3, 1100, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    check(q, k, v, causal=True)
 
 
 def test_unsupported_head_dim_names_the_alternatives():
