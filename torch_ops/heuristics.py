@@ -66,15 +66,15 @@ def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int
 
 
 def l2_swizzle_budget(l2_bytes: int, mask: str) -> int:
-    """Bytes of K/V one swizzle group may hold in L2.
+    """Bytes of K/V one swizzle group of the tile order may hold in L2: an eighth of L2.
 
-    Measured on an H200, hd128 bf16, 16k tokens (bench, same run as cuDNN): without a mask a
-    small group is best (4 MB: 665 TFLOP/s at 4k vs 585 with 40 MB), since every CTA of a
-    head then streams the same K/V block at the same time. With a causal/local mask a wider
-    group is best (40 MB: 554 at 16k vs 437 with 4 MB): the longest tiles of several heads
-    start together instead of one head's long tiles queueing behind each other.
+    Measured on an H200 (60 MB L2), hd128/hd256 bf16, 16k tokens, same run as cuDNN
+    (scripts/tune_schedule.sh): causal, one CTA per tile, 1 / 8 / 40 MB gave 482 / 551 / 512
+    TFLOP/s at 4k and 604 / 614 / 589 at 16k (hd128); without a mask, persistent, 4 MB and
+    7.5 MB were within noise (610 vs 605 at 4k) and 40 MB was worse (585). Small groups let the
+    CTAs of a head stream the same K/V block at the same time.
     """
-    return l2_bytes // 8 if mask == "none" else l2_bytes * 2 // 3
+    return l2_bytes // 8
 
 
 def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, elem_bytes: int,
@@ -86,8 +86,13 @@ def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int
 
 
 def grid_size(num_sms: int, mask: str, persistent_override: bool | None = None) -> int:
-    """CTAs to launch at most. The kernel is persistent (one CTA per SM looping over tiles, the
-    next tile's loads overlapping this one's epilogue); a huge value gives one CTA per tile,
-    dispatched by the hardware as SMs free up."""
-    persistent = True if persistent_override is None else persistent_override
+    """CTAs to launch at most: ``num_sms`` makes the kernel persistent (each CTA loops over
+    tiles in a fixed snake order; the next tile's loads overlap the current epilogue), a huge
+    value gives one CTA per tile, handed out by the hardware as SMs free up.
+
+    Persistent wins without a mask, where tiles are equal (hd128, H200: 528 vs 474 TFLOP/s at
+    1k, 585-605 vs 550 at 4k). With causal/local masks tile lengths differ and the hardware's
+    dynamic hand-out balances better than any static order (hd128 causal 16k: 614 vs 466).
+    """
+    persistent = (mask == "none") if persistent_override is None else persistent_override
     return num_sms if persistent else (1 << 31) - 1

@@ -47,10 +47,10 @@ def test_select_variant_exact_match_only():
 
 def test_heads_per_group_fits_l2_budget():
     mb = 1 << 20
-    # 4k keys, d=128: 2 MB of K/V per head.
-    assert heuristics.heads_per_group(48 * mb, 4096, 128, 128, 2, 64, mask="none") == 3  # 6 MB
-    assert heuristics.heads_per_group(48 * mb, 4096, 128, 128, 2, 64, mask="causal") == 16  # 32 MB
-    assert heuristics.heads_per_group(48 * mb, 4096, 128, 128, 2, 8, mask="causal") == 8  # capped by the pairs
+    # 4k keys, d=128: 2 MB of K/V per head; an eighth of a 60 MB L2 holds 3 heads.
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="none") == 3
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="causal") == 3
+    assert heuristics.heads_per_group(60 * mb, 1024, 64, 64, 2, 2) == 2  # capped by the pairs
     assert heuristics.heads_per_group(50 * mb, 1 << 20, 256, 256, 2, 64) == 1  # huge heads: one at a time
     assert heuristics.heads_per_group(0, 16, 64, 64, 2, 4) == 1
     assert heuristics.heads_per_group(48 * mb, 4096, 128, 128, 2, 64, budget_bytes=4 * mb) == 2
@@ -58,4 +58,6 @@ def test_heads_per_group_fits_l2_budget():
 
 def test_grid_size():
     assert heuristics.grid_size(132, "none") == 132
-    assert heuristics.grid_size(132, "causal", persistent_override=False) > 1 << 30
+    assert heuristics.grid_size(132, "causal") > 1 << 30 and heuristics.grid_size(132, "local") > 1 << 30
+    assert heuristics.grid_size(132, "causal", persistent_override=True) == 132
+    assert heuristics.grid_size(132, "none", persistent_override=False) > 1 << 30
