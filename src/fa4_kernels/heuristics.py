@@ -30,8 +30,12 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # (head_dim_v / 2): both must fit the 240-register consumer budget with the softmax state,
     # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
-    if key.head_dim <= 128:
+    if key.head_dim <= 64:
         cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
+    elif key.head_dim <= 128:
+        # Without a mask a wider S tile amortises the per-row softmax work and the O rescale
+        # over more columns (FlashAttention-3 uses 176); O then shares Q's staging buffer.
+        cfg = FwdConfig(tile_m=128, tile_n=176 if key.mask == "none" else 128, num_stages=2)
     elif key.head_dim <= 192:
         # O takes 64 (dv 128) or 96 (dv 192) registers; 112 columns of S keep dv 192 in budget.
         cfg = FwdConfig(tile_m=128, tile_n=128 if key.head_dim_v <= 128 else 112, num_stages=2)
