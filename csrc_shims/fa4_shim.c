@@ -86,15 +86,16 @@ static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank,
 }
 
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                const fa4_tensor *o, const fa4_tensor *lse, const fa4_fwd_params *params,
-                void *stream) {
+                const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
+                const fa4_fwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
   int32_t status;
   if ((status = check_tensor("q", q, 4, 2)) || (status = check_tensor("k", k, 4, 2)) ||
       (status = check_tensor("v", v, 4, 2)) || (status = check_tensor("out", o, 4, 2)) ||
-      (status = check_tensor("lse", lse, 3, 4)))
+      (status = check_tensor("lse", lse, 3, 4)) ||
+      (status = check_tensor("tile_counter", tile_counter, 1, 4)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
@@ -114,7 +115,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 variant->name, variant->cc_major, variant->cc_minor, device, major, minor);
   if ((status = ensure_loaded(index, device))) return status;
 
-  int32_t ret = variant->fwd(q, k, v, o, lse, params, (cudaStream_t)stream);
+  int32_t ret = variant->fwd(q, k, v, o, lse, tile_counter, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -41,11 +41,12 @@ const char *fa4_variant_name(int32_t index);
 /* Message describing the last failure on this thread. */
 const char *fa4_last_error(void);
 
-/* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32.
- * Launches on `stream` (a cudaStream_t) on the current device. */
+/* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32,
+ * tile_counter (1,) int32 that must be 0 at launch (variants with dynamic scheduling count
+ * claimed tiles in it). Launches on `stream` (a cudaStream_t) on the current device. */
 int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                const fa4_tensor *o, const fa4_tensor *lse, const fa4_fwd_params *params,
-                void *stream);
+                const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
+                const fa4_fwd_params *params, void *stream);
 
 #ifdef __cplusplus
 }

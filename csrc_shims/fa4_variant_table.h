@@ -10,7 +10,8 @@ typedef int32_t (*fa4_init_fn)(void);
 typedef int32_t (*fa4_load_fn)(int32_t device);
 typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                               const fa4_tensor *o, const fa4_tensor *lse,
-                              const fa4_fwd_params *params, cudaStream_t stream);
+                              const fa4_tensor *tile_counter, const fa4_fwd_params *params,
+                              cudaStream_t stream);
 
 typedef struct {
   const char *name;

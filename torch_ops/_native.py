@@ -73,7 +73,7 @@ def library() -> ctypes.CDLL:
     lib.fa4_last_error.restype = ctypes.c_char_p
     ptr = ctypes.POINTER(Tensor)
     lib.fa4_fwd.restype = ctypes.c_int32
-    lib.fa4_fwd.argtypes = [ctypes.c_int32, ptr, ptr, ptr, ptr, ptr, ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    lib.fa4_fwd.argtypes = [ctypes.c_int32, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.POINTER(FwdParams), ctypes.c_void_p]
     return lib
 
 
@@ -106,13 +106,14 @@ def as_native(t) -> Tensor:
     return out
 
 
-def fwd(name: str, q, k, v, out, lse, softmax_scale: float, softcap: float,
+def fwd(name: str, q, k, v, out, lse, tile_counter, softmax_scale: float, softcap: float,
         window_left: int, window_right: int, heads_per_group: int, num_sms: int, stream: int) -> None:
+    """``tile_counter``: (1,) int32 CUDA tensor holding 0 (the kernel may count in it)."""
     lib = library()
     params = FwdParams(softmax_scale, softcap, window_left, window_right, heads_per_group, num_sms)
     status = lib.fa4_fwd(
         _index(name), as_native(q), as_native(k), as_native(v), as_native(out),
-        as_native(lse), ctypes.byref(params), ctypes.c_void_p(stream),
+        as_native(lse), as_native(tile_counter), ctypes.byref(params), ctypes.c_void_p(stream),
     )
     if status != 0:
         raise NativeError(f"fa4 forward kernel: {lib.fa4_last_error().decode()}")

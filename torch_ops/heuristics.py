@@ -87,12 +87,11 @@ def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int
 
 def grid_size(num_sms: int, mask: str, persistent_override: bool | None = None) -> int:
     """CTAs to launch at most: ``num_sms`` makes the kernel persistent (each CTA loops over
-    tiles in a fixed snake order; the next tile's loads overlap the current epilogue), a huge
-    value gives one CTA per tile, handed out by the hardware as SMs free up.
+    tiles; the next tile's loads overlap the current epilogue), a huge value gives one CTA per
+    tile, handed out by the hardware as SMs free up.
 
-    Persistent wins without a mask, where tiles are equal (hd128, H200: 528 vs 474 TFLOP/s at
-    1k, 585-605 vs 550 at 4k). With causal/local masks tile lengths differ and the hardware's
-    dynamic hand-out balances better than any static order (hd128 causal 16k: 614 vs 466).
+    Persistent in all cases: without a mask tiles are equal and the static order is balanced
+    (hd128, H200: 528 vs 474 TFLOP/s at 1k, 585-605 vs 550 at 4k); with causal/local masks the
+    kernel claims tiles dynamically from a global counter, so long and short tiles balance.
     """
-    persistent = (mask == "none") if persistent_override is None else persistent_override
-    return num_sms if persistent else (1 << 31) - 1
+    return num_sms if persistent_override in (None, True) else (1 << 31) - 1

@@ -68,6 +68,20 @@ def _device_facts(index: int) -> tuple[tuple[int, int], int, int]:
     return (props.major, props.minor), props.L2_cache_size, props.multi_processor_count
 
 
+@functools.cache
+def _unused_counter(index: int) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", index))
+
+
+def _tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
+    """Masked variants schedule tiles dynamically and count claims in this buffer: a fresh zero
+    per call (a memset, captured like any other op under CUDA graphs). The others never touch
+    it, so they share one per device."""
+    if dynamic:
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    return _unused_counter(device.index)
+
+
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     """TMA needs a 16-byte aligned base and 16-byte multiple strides; copy the rare view that
     breaks this (any stride with a contiguous last dim is otherwise used in place)."""
@@ -125,7 +139,8 @@ def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right
                                       settings.l2_swizzle_bytes(), mask.kind)
     grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    args = (name, q, k, v, out, lse, softmax_scale, softcap, mask.window_left, mask.window_right, group,
+    tile_counter = _tile_counter(q.device, dynamic=mask.kind != "none")
+    args = (name, q, k, v, out, lse, tile_counter, softmax_scale, softcap, mask.window_left, mask.window_right, group,
             grid, stream)
     if torch.cuda.current_device() == q.device.index:
         _native.fwd(*args)

@@ -96,8 +96,9 @@ def compile_variant(name: str, out_dir: Path) -> None:
         Float32, tuple(cute.sym_int() for _ in range(3)), stride=(cute.sym_int64(), cute.sym_int64(), 1),
         assumed_align=4,
     )
+    tile_counter = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
     compiled = cute.compile(
-        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse,
+        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, tile_counter,
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), make_fake_stream(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +156,8 @@ def build_objects(variants, out_root: Path, jobs: int) -> dict:
 
 # --------------------------------------------------------------------------------- link
 _STRUCT_RE = re.compile(
-    r"typedef struct \{\s*void \*data;\s*int32_t dynamic_shapes\[(\d+)\];\s*int64_t dynamic_strides\[(\d+)\];\s*\}\s*(\w+)_Tensor_(\w+)_t;"
+    r"typedef struct \{\s*void \*data;\s*(?:int32_t dynamic_shapes\[(\d+)\];\s*)?"
+    r"(?:int64_t dynamic_strides\[(\d+)\];\s*)?\}\s*(\w+)_Tensor_(\w+)_t;"
 )
 
 
@@ -165,9 +167,9 @@ def _tensor_fill(name: str, header: str) -> str:
     The fake tensors make the leading sizes and strides dynamic and the trailing ones static,
     so the generated struct holds exactly the leading n sizes and m strides.
     """
-    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse"}
+    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mTileCounter": "tile_counter"}
     lines = []
-    found = {m.group(4): (int(m.group(1)), int(m.group(2))) for m in _STRUCT_RE.finditer(header)}
+    found = {m.group(4): (int(m.group(1) or 0), int(m.group(2) or 0)) for m in _STRUCT_RE.finditer(header)}
     if set(found) != set(args):
         raise RuntimeError(f"{name}: unexpected tensor arguments in the generated header: {sorted(found)}")
     for field, (n_shape, n_stride) in found.items():
@@ -205,10 +207,10 @@ static int32_t {n}_load(int32_t device) {{
   return (int32_t)ret;
 }}
 static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_fwd_params *p,
-                       cudaStream_t stream) {{
+                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
+                       const fa4_fwd_params *p, cudaStream_t stream) {{
 {_tensor_fill(n, header)}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, p->softmax_scale,
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_tile_counter, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
                               p->heads_per_group, p->num_sms, stream);
 }}""")

@@ -15,3 +15,7 @@ class FwdBarrier(enum.IntEnum):
     # Ping-pong between the two consumer warpgroups: WG k waits on WG_SCHEDULER + k before
     # issuing its GEMMs; the other warpgroup arrives on it after issuing its own.
     WG_SCHEDULER = 3  # 3 and 4
+    # Dynamic scheduling: the producer warp published the next tile index in shared memory /
+    # the consumers have read it (producer warp + both consumer warpgroups).
+    TILE_SLOT_FULL = 5
+    TILE_SLOT_EMPTY = 6

@@ -1,6 +1,13 @@
-"""Static persistent tile scheduler: which (m_block, head, batch) tiles a CTA works on.
+"""Persistent tile schedulers: which (m_block, head, batch) tiles a CTA works on.
 
-The grid has at most one CTA per SM and walks one global tile order in rounds of ``grid``
+Two ways to walk the order below: static (fixed snake assignment, no communication: best
+when all tiles are equally long) and dynamic (each CTA takes the next unclaimed tile from a
+global atomic counter when it starts its current one, so long and short tiles balance out
+across SMs: causal/local masks). In the dynamic mode the producer warp claims the next tile
+and hands it to the consumer warpgroups through a shared-memory slot guarded by two named
+barriers (``handoff_*`` below).
+
+Static mode: the grid has at most one CTA per SM and walks one global tile order in rounds of ``grid``
 tiles; in round r CTA c takes tile r * grid + c when r is even and r * grid + grid - 1 - c when
 r is odd. This snake keeps the sum of work per CTA even when the order runs from long tiles to
 short ones (a plain stride would give CTA 0 the longest tile of every round). With a grid of
@@ -64,3 +71,33 @@ class StaticPersistentScheduler:
             m_block = self.num_m_blocks - 1 - m_idx
         batch = hb // self.num_heads
         return m_block, hb - batch * self.num_heads, batch
+
+
+@cute.jit
+def claim_next_tile(counter_ptr: cute.Pointer) -> Int32:
+    """Dynamic mode, whole producer warp: the next unclaimed tile (>= num_tiles: none left).
+    The first ``grid`` tiles are taken by block index, so claims start after them."""
+    nxt = Int32(0)
+    if cute.arch.lane_idx() == 0:
+        nxt = Int32(cute.arch.grid_dim()[0]) + cute.arch.atomic_add(counter_ptr, Int32(1))
+    return cute.arch.shuffle_sync(nxt, 0)
+
+
+@cute.jit
+def handoff_publish(slot: cute.Tensor, tile: Int32, num_threads: cutlass.Constexpr[int],
+                    full_id: cutlass.Constexpr[int], empty_id: cutlass.Constexpr[int]):
+    """Producer warp: wait until the consumers have read the slot, write ``tile``, signal."""
+    cute.arch.barrier(barrier_id=empty_id, number_of_threads=num_threads)
+    if cute.arch.lane_idx() == 0:
+        slot[0] = tile
+    cute.arch.barrier_arrive(barrier_id=full_id, number_of_threads=num_threads)
+
+
+@cute.jit
+def handoff_receive(slot: cute.Tensor, num_threads: cutlass.Constexpr[int],
+                    full_id: cutlass.Constexpr[int], empty_id: cutlass.Constexpr[int]) -> Int32:
+    """Consumers: wait for the published tile, read it, free the slot."""
+    cute.arch.barrier(barrier_id=full_id, number_of_threads=num_threads)
+    tile = slot[0]
+    cute.arch.barrier_arrive(barrier_id=empty_id, number_of_threads=num_threads)
+    return tile

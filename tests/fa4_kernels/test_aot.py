@@ -19,7 +19,8 @@ def _fake_header(name):
             int64_t dynamic_strides[{n_strides}];
         }} {name}_Tensor_{arg}_t;
         """)
-    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2)
+    static = f"typedef struct {{\n    void *data;\n}} {name}_Tensor_mTileCounter_t;\n"
+    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + static
 
 
 def test_variant_digest_changes_with_sources_and_dsl_version():
@@ -40,6 +41,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
     assert "t_lse.dynamic_strides[2]" not in c
+    assert "t_tile_counter.data = tile_counter->data;" in c and "t_tile_counter.dynamic" not in c
     assert "fa4_variant_count = 1;" in c
 
 

@@ -161,7 +161,8 @@ def test_native_call_writes_every_output_element():
     q, k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     lse = torch.full((2, 4, 1000), float("nan"), device="cuda")
-    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, 0.088, 0.0, 0, 0, 3, 132,
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, 0.088, 0.0, 0, 0, 3, 132,
                 torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any()

@@ -57,7 +57,6 @@ def test_heads_per_group_fits_l2_budget():
 
 
 def test_grid_size():
-    assert heuristics.grid_size(132, "none") == 132
-    assert heuristics.grid_size(132, "causal") > 1 << 30 and heuristics.grid_size(132, "local") > 1 << 30
-    assert heuristics.grid_size(132, "causal", persistent_override=True) == 132
+    assert heuristics.grid_size(132, "none") == 132 and heuristics.grid_size(132, "causal") == 132
+    assert heuristics.grid_size(132, "causal", persistent_override=False) > 1 << 30
     assert heuristics.grid_size(132, "none", persistent_override=False) > 1 << 30

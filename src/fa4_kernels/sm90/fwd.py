@@ -2,7 +2,8 @@
 
 Persistent: at most one CTA per SM loops over (m_block, head, batch) tiles in
 longest-processing-time order (``tile_scheduler.py``); the loads of the next tile overlap the
-epilogue of the current one.
+epilogue of the current one. Tiles are assigned statically without a mask (all equally long)
+and dynamically, through a global atomic counter, with causal/local masks.
 
 Roles (3 warpgroups, 384 threads):
   * warpgroup 0, warp 0: producer. Issues TMA loads of the Q tile and of a ring of K and V
@@ -43,7 +44,12 @@ from fa4_kernels.hopper_mma import (
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
 from fa4_kernels.softmax import OnlineSoftmax
-from fa4_kernels.tile_scheduler import StaticPersistentScheduler
+from fa4_kernels.tile_scheduler import (
+    StaticPersistentScheduler,
+    claim_next_tile,
+    handoff_publish,
+    handoff_receive,
+)
 
 LOG2_E = 1.4426950408889634
 
@@ -53,7 +59,8 @@ NUM_CONSUMER_WG = 2
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 SMEM_CAPACITY = 227 * 1024
-STORE_WARP = 4  # first consumer warp: issues the TMA store of O  # dynamic shared memory a block may opt into on sm_90
+STORE_WARP = 4  # first consumer warp: issues the TMA store of O
+HANDOFF_THREADS = THREADS_PER_WG * NUM_CONSUMER_WG + 32  # consumers + the producer warp  # dynamic shared memory a block may opt into on sm_90
 
 
 def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
@@ -92,6 +99,8 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
+        # Masked tiles differ in length: balance them with a dynamic scheduler.
+        self.dynamic_schedule = is_causal or is_local
         elem = dtype.width // 8
         smem_separate_o = elem * (
             tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
@@ -137,6 +146,7 @@ class FlashAttentionForwardSm90:
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        mTileCounter: cute.Tensor,  # (1,) int32, zero at launch; used by dynamic scheduling
         softmax_scale: Float32,
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
@@ -189,6 +199,7 @@ class FlashAttentionForwardSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
+            next_tile: cute.struct.MemRange[Int32, 1]
 
         num_tiles = self.scheduler(mQ, heads_per_group).num_tiles
         grid = (cutlass.min(num_tiles, num_sms), 1, 1)
@@ -203,7 +214,7 @@ class FlashAttentionForwardSm90:
             scale_log2 = softmax_scale * LOG2_E
 
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE,
+            tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -224,6 +235,7 @@ class FlashAttentionForwardSm90:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mTileCounter: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -289,6 +301,7 @@ class FlashAttentionForwardSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         scheduler = self.scheduler(mQ, heads_per_group)
+        tile_slot = storage.next_tile.get_tensor(cute.make_layout(1))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -296,6 +309,7 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
+                    mTileCounter, tile_slot,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -307,7 +321,7 @@ class FlashAttentionForwardSm90:
                 scale_log2, score_scale, softcap, block_info,
                 AttentionMask(self.tile_m, self.tile_n, seqlen_q, seqlen_k,
                               block_info.window_left, block_info.window_right),
-                scheduler, seqlen_q, seqlen_k,
+                scheduler, seqlen_q, seqlen_k, tile_slot,
             )
 
     @cute.jit
@@ -329,6 +343,8 @@ class FlashAttentionForwardSm90:
         scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
+        mTileCounter: cute.Tensor,
+        tile_slot: cute.Tensor,
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
@@ -375,7 +391,12 @@ class FlashAttentionForwardSm90:
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
-            tile = scheduler.next_tile(tile)
+            if const_expr(self.dynamic_schedule):
+                tile = claim_next_tile(mTileCounter.iterator)
+                handoff_publish(tile_slot, tile, HANDOFF_THREADS, int(FwdBarrier.TILE_SLOT_FULL),
+                                int(FwdBarrier.TILE_SLOT_EMPTY))
+            else:
+                tile = scheduler.next_tile(tile)
 
     @cute.jit
     def consume(
@@ -401,6 +422,7 @@ class FlashAttentionForwardSm90:
         scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
+        tile_slot: cute.Tensor,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -424,6 +446,8 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
+        if const_expr(self.dynamic_schedule):  # the tile slot starts out free
+            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.TILE_SLOT_EMPTY), number_of_threads=HANDOFF_THREADS)
         tile = scheduler.first_tile()
         while tile < scheduler.num_tiles:
             m_block, head_idx, batch_idx = scheduler.coordinates(tile)
@@ -482,7 +506,11 @@ class FlashAttentionForwardSm90:
             if const_expr(self.o_aliases_q):
                 pipeline_q.consumer_release(q_state)
             q_state.advance()
-            tile = scheduler.next_tile(tile)
+            if const_expr(self.dynamic_schedule):
+                tile = handoff_receive(tile_slot, HANDOFF_THREADS, int(FwdBarrier.TILE_SLOT_FULL),
+                                       int(FwdBarrier.TILE_SLOT_EMPTY))
+            else:
+                tile = scheduler.next_tile(tile)
 
         # Shared memory must outlive the last TMA store's reads.
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
