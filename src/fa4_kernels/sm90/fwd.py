@@ -454,11 +454,15 @@ class FlashAttentionForwardSm90:
             n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
             pipeline_q.consumer_wait(q_state)
 
-            # First block: Q @ K^T alone (nothing to overlap it with), masked for the seqlen_k
-            # tail and the causal/local edges.
+            # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
+            # the causal/local edges. It still takes its turn in the ping-pong, so one
+            # warpgroup's first softmax overlaps the other's first GEMM.
             pipeline_k.consumer_wait(kv_state)
+            self.scheduler_wait()
             acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, 0)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
+            self.scheduler_signal()
+            warpgroup.wait_group(0)
             pipeline_k.consumer_release(kv_state)
             self.scores_to_probs(
                 acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block_max - 1,
