@@ -87,7 +87,8 @@ static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank,
 
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
-                const fa4_fwd_params *params, void *stream) {
+                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                const fa4_tensor *seqused_k, const fa4_fwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -95,12 +96,21 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if ((status = check_tensor("q", q, 4, 2)) || (status = check_tensor("k", k, 4, 2)) ||
       (status = check_tensor("v", v, 4, 2)) || (status = check_tensor("out", o, 4, 2)) ||
       (status = check_tensor("lse", lse, 3, 4)) ||
-      (status = check_tensor("tile_counter", tile_counter, 1, 4)))
+      (status = check_tensor("tile_counter", tile_counter, 1, 4)) ||
+      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4)) ||
+      (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4)) ||
+      (status = check_tensor("seqused_k", seqused_k, 1, 4)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
       params->window_right < 0)
     return fail(FA4_ERR_BAD_TENSOR, "heads_per_group and num_sms must be >= 1, windows >= 0");
+  if (variant->varlen && (q->shape[0] != 1 || cu_seqlens_q->shape[0] < 2 ||
+                         cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
+                         params->max_seqlen_q < 1 ||
+                         (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0])))
+    return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
+                "max_seqlen_q >= 1, seqused_k one entry per sequence");
   if (q->shape[0] * q->shape[2] * ((q->shape[1] + 127) / 128) > INT32_MAX)
     return fail(FA4_ERR_BAD_TENSOR, "too many tiles for one launch (batch * heads * seqlen_q / 128 >= 2^31)");
 
@@ -115,7 +125,8 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 variant->name, variant->cc_major, variant->cc_minor, device, major, minor);
   if ((status = ensure_loaded(index, device))) return status;
 
-  int32_t ret = variant->fwd(q, k, v, o, lse, tile_counter, params, (cudaStream_t)stream);
+  int32_t ret = variant->fwd(q, k, v, o, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                             params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

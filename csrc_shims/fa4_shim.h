@@ -24,6 +24,8 @@ typedef struct {
   int32_t window_right;
   int32_t heads_per_group; /* tile-order L2 swizzle (src/fa4_kernels/tile_scheduler.py), >= 1 */
   int32_t num_sms;         /* persistent grid size: the device's multiprocessor count */
+  int32_t max_seqlen_q;    /* varlen: longest query sequence (>= 1) */
+  int32_t has_seqused_k;   /* varlen: 1 when seqused_k holds per-sequence key counts */
 } fa4_fwd_params;
 
 enum fa4_status {
@@ -43,10 +45,14 @@ const char *fa4_last_error(void);
 
 /* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32,
  * tile_counter (1,) int32 that must be 0 at launch (variants with dynamic scheduling count
- * claimed tiles in it). Launches on `stream` (a cudaStream_t) on the current device. */
+ * claimed tiles in it). Varlen variants: b = 1 and sq/sk are the packed totals; cu_seqlens_q/k
+ * (n + 1,) int32 offsets, seqused_k (n,) int32 (read when params->has_seqused_k). Dense
+ * variants ignore those three (any int32 vectors). Launches on `stream` (a cudaStream_t) on
+ * the current device. */
 int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
-                const fa4_fwd_params *params, void *stream);
+                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                const fa4_tensor *seqused_k, const fa4_fwd_params *params, void *stream);
 
 #ifdef __cplusplus
 }

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import ops  # noqa: F401  (registers torch.ops.fa4.*)
+from fa4 import ops, ops_varlen  # noqa: F401  (register torch.ops.fa4.*)
 from fa4.reference import default_scale
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_varlen"]
 __version__ = "0.1.0"
 
 
@@ -51,5 +51,48 @@ def attention(
     window_left, window_right = window
     out, lse = torch.ops.fa4.fwd(
         q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap)
+    )
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    seqused_k: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+):
+    """Attention over packed variable-length sequences (document packing), FlashAttention's
+    ``flash_attn_varlen_func`` layout.
+
+    Args:
+        q: (total_q, heads_q, head_dim); k: (total_k, heads_kv, head_dim); v: (total_k, heads_kv,
+            head_dim_v). Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i+1] of q and
+            cu_seqlens_k[i]:cu_seqlens_k[i+1] of k/v; it attends only to itself.
+        cu_seqlens_q, cu_seqlens_k: (num_sequences + 1,) int32 offsets, from 0 to the totals.
+            Empty sequences are allowed.
+        max_seqlen_q, max_seqlen_k: Python ints (FlashAttention's API; the compiled kernel never
+            depends on them, so new values never trigger a new variant).
+        seqused_k: optional (num_sequences,) int32: use only the first seqused_k[i] keys.
+        causal, scale, window, softcap, return_lse: as in :func:`attention`; masks are aligned to
+            each sequence's bottom-right corner. LSE is (heads_q, total_q) fp32.
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if scale is None:
+        scale = default_scale(q.shape[-1])
+    window_left, window_right = window
+    out, lse = torch.ops.fa4.fwd_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
+        int(window_left), int(window_right), float(softcap),
     )
     return (out, lse) if return_lse else out

@@ -56,7 +56,7 @@ def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=
 @functools.cache
 def _variant_table() -> dict:
     return {
-        (v["arch"], v["dtype"], v["head_dim"], v["head_dim_v"], v["mask"], v["softcap"]): v["name"]
+        (v["arch"], v["dtype"], v["head_dim"], v["head_dim_v"], v["mask"], v["softcap"], v.get("varlen", False)): v
         for v in _native.manifest()["variants"]
     }
 
@@ -69,8 +69,9 @@ def _device_facts(index: int) -> tuple[tuple[int, int], int, int]:
 
 
 @functools.cache
-def _unused_counter(index: int) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", index))
+def _unused_vector(index: int) -> torch.Tensor:
+    """An int32 CUDA vector for kernel arguments a variant ignores (never written)."""
+    return torch.zeros(2, dtype=torch.int32, device=torch.device("cuda", index))
 
 
 def _tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
@@ -79,7 +80,7 @@ def _tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
     it, so they share one per device."""
     if dynamic:
         return torch.zeros(1, dtype=torch.int32, device=device)
-    return _unused_counter(device.index)
+    return _unused_vector(device.index)[:1]
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -114,6 +115,48 @@ def _unsupported(q, v, mask, softcap, capability) -> NotImplementedError:
     )
 
 
+def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None):
+    """Launch the compiled forward. q/k/v/out are 4-D (batch, seqlen, heads, dim) and lse 3-D;
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k | None) with batch 1 holding the packed rows."""
+    if not _native.available():
+        raise RuntimeError(
+            "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
+            "move the tensors to the CPU for the reference implementation."
+        )
+    capability, l2_bytes, num_sms = _device_facts(q.device.index)
+    key = (heuristics.arch_name(capability), heuristics.DTYPE_NAMES[str(q.dtype)],
+           q.shape[3], v.shape[3], mask.kind, softcap > 0.0, varlen is not None)
+    variant = _variant_table().get(key)
+    if variant is None:
+        raise _unsupported(q, v, mask, softcap, capability)
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    if varlen is None:
+        cu_q = cu_k = used_k = _unused_vector(q.device.index)
+        pairs, tile_rows, seqlen_k = q.shape[0] * q.shape[2], 1, k.shape[1]
+    else:
+        cu_q, cu_k, used_k = varlen
+        num_seqs = cu_q.shape[0] - 1
+        pairs, seqlen_k = num_seqs * q.shape[2], max(1, k.shape[1] // max(num_seqs, 1))
+        # The kernel sizes its tile range as ceil(rows / tile_m) blocks per sequence; this many
+        # rows covers any split of the packed queries without reading cu_seqlens on the host.
+        tile_m = variant["tile_m"]
+        blocks = -(-q.shape[1] // tile_m) + num_seqs
+        tile_rows = tile_m * max(1, -(-blocks // max(num_seqs, 1)))
+    group = heuristics.heads_per_group(l2_bytes, seqlen_k, q.shape[3], v.shape[3], q.element_size(), pairs,
+                                      settings.l2_swizzle_bytes(), mask.kind)
+    grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
+    tile_counter = _tile_counter(q.device, dynamic=mask.kind != "none" or varlen is not None)
+    args = (variant["name"], q, k, v, out, lse, tile_counter, cu_q, cu_k,
+            used_k if used_k is not None else cu_q, softmax_scale, softcap, mask.window_left,
+            mask.window_right, group, grid, tile_rows, used_k is not None,
+            torch.cuda.current_stream(q.device).cuda_stream)
+    if torch.cuda.current_device() == q.device.index:
+        _native.fwd(*args)
+    else:  # the library launches on the current device
+        with torch.cuda.device(q.device):
+            _native.fwd(*args)
+
+
 @torch.library.impl("fa4::fwd", "CUDA")
 def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
@@ -123,30 +166,7 @@ def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right
         return out, lse
     if k.shape[1] == 0:  # nothing to attend to: the empty-row convention
         return out.zero_(), lse.fill_(float("-inf"))
-    if not _native.available():
-        raise RuntimeError(
-            "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
-            "move the tensors to the CPU for the reference implementation."
-        )
-    capability, l2_bytes, num_sms = _device_facts(q.device.index)
-    key = (heuristics.arch_name(capability), heuristics.DTYPE_NAMES[str(q.dtype)],
-           q.shape[3], v.shape[3], mask.kind, softcap > 0.0)
-    name = _variant_table().get(key)
-    if name is None:
-        raise _unsupported(q, v, mask, softcap, capability)
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    group = heuristics.heads_per_group(l2_bytes, k.shape[1], q.shape[3], v.shape[3], q.element_size(), b * hq,
-                                      settings.l2_swizzle_bytes(), mask.kind)
-    grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    tile_counter = _tile_counter(q.device, dynamic=mask.kind != "none")
-    args = (name, q, k, v, out, lse, tile_counter, softmax_scale, softcap, mask.window_left, mask.window_right, group,
-            grid, stream)
-    if torch.cuda.current_device() == q.device.index:
-        _native.fwd(*args)
-    else:  # the library launches on the current device
-        with torch.cuda.device(q.device):
-            _native.fwd(*args)
+    _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap)
     return out, lse
 
 

@@ -53,3 +53,44 @@ def check_scalars(softmax_scale: float, softcap: float) -> None:
         raise ValueError(f"scale must be finite; got {softmax_scale}")
     if softcap < 0.0 or softcap != softcap:
         raise ValueError(f"softcap must be >= 0 (0 disables it); got {softcap}")
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """Packed (total_tokens, heads, head_dim) inputs and their int32 sequence offsets.
+
+    The offsets' values are checked only on the CPU (reading them on the GPU would need a host
+    sync); the kernels clamp them, so wrong values give wrong rows, never a fault.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(
+                f"{name} must be a 3-D tensor (total_tokens, heads, head_dim) for attention_varlen; "
+                f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
+    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is None and name == "seqused_k":
+            continue
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int32:
+            raise TypeError(f"{name} must be a 1-D torch.int32 tensor")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device} like q; got {t.device}")
+    if cu_seqlens_q.shape[0] < 2 or cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must both hold num_sequences + 1 >= 2 offsets; got "
+            f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    if seqused_k is not None and seqused_k.shape[0] != cu_seqlens_q.shape[0] - 1:
+        raise ValueError(f"seqused_k must hold one count per sequence ({cu_seqlens_q.shape[0] - 1}); "
+                         f"got {seqused_k.shape[0]}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a Python int >= 0 (not a tensor); got {value!r}")
+
+
+def check_varlen_offsets(cu_seqlens: torch.Tensor, total: int, name: str) -> list[int]:
+    """CPU-side value check: offsets start at 0, never decrease and end at the packed total."""
+    offsets = cu_seqlens.tolist()
+    if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"{name} must start at 0, be non-decreasing and end at {total}; got {offsets}")
+    return offsets

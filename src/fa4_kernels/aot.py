@@ -82,7 +82,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
     kernel = FlashAttentionForwardSm90(
         dtype, key.head_dim, key.head_dim_v,
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
-        tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
+        tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
     )
 
     def bshd(dim):
@@ -97,9 +97,15 @@ def compile_variant(name: str, out_dir: Path) -> None:
         assumed_align=4,
     )
     tile_counter = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
+
+    def int_vector():
+        return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+
     compiled = cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, tile_counter,
-        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), make_fake_stream(),
+        int_vector(), int_vector(), int_vector(),
+        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0),
+        make_fake_stream(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -167,7 +173,8 @@ def _tensor_fill(name: str, header: str) -> str:
     The fake tensors make the leading sizes and strides dynamic and the trailing ones static,
     so the generated struct holds exactly the leading n sizes and m strides.
     """
-    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mTileCounter": "tile_counter"}
+    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mTileCounter": "tile_counter",
+            "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k"}
     lines = []
     found = {m.group(4): (int(m.group(1) or 0), int(m.group(2) or 0)) for m in _STRUCT_RE.finditer(header)}
     if set(found) != set(args):
@@ -208,13 +215,15 @@ static int32_t {n}_load(int32_t device) {{
 }}
 static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                        const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
-                       const fa4_fwd_params *p, cudaStream_t stream) {{
+                       const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                       const fa4_tensor *seqused_k, const fa4_fwd_params *p, cudaStream_t stream) {{
 {_tensor_fill(n, header)}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_tile_counter, p->softmax_scale,
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_tile_counter,
+                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
-                              p->heads_per_group, p->num_sms, stream);
+                              p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k, stream);
 }}""")
-        rows.append(f'  {{"{n}", {major}, {minor}, {n}_init, {n}_load, {n}_fwd}},')
+        rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {n}_init, {n}_load, {n}_fwd}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows
     out.append("};")

@@ -24,12 +24,14 @@ class VariantKey:
     head_dim_v: int
     mask: str  # "none" | "causal" | "local"
     softcap: bool
+    varlen: bool = False  # packed sequences delimited by cu_seqlens
 
     @property
     def name(self) -> str:
         """Symbol-safe unique name, also the exported function prefix."""
         sc = "_softcap" if self.softcap else ""
-        return f"fa4_fwd_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}{sc}"
+        vl = "_varlen" if self.varlen else ""
+        return f"fa4_fwd_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}{sc}{vl}"
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -42,9 +44,9 @@ class VariantKey:
 
 def all_variants(archs=ARCHS) -> list[VariantKey]:
     return [
-        VariantKey(arch, dtype, hd, hdv, mask, softcap)
-        for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
-            archs, DTYPES, HEAD_DIMS, MASKS, (False, True)
+        VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen)
+        for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
+            archs, DTYPES, HEAD_DIMS, MASKS, (False, True), (False, True)
         )
     ]
 

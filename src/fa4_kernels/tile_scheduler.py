@@ -30,11 +30,13 @@ from cutlass import Int32, const_expr
 
 @dataclass(frozen=True)
 class StaticPersistentScheduler:
-    num_m_blocks: Int32
+    num_m_blocks: Int32  # varlen: blocks of the longest sequence (an upper bound)
     num_heads: Int32
     num_batches: Int32
     heads_per_group: Int32
     longest_first: cutlass.Constexpr[bool]
+    tile_m: cutlass.Constexpr[int] = 128
+    mCuSeqlensQ: cute.Tensor | None = None  # varlen: tiles are enumerated per sequence
 
     @property
     def num_tiles(self):
@@ -55,6 +57,43 @@ class StaticPersistentScheduler:
         if (tile // grid) % 2 == 0:
             nxt = round_start + grid - 1 - cta
         return nxt
+
+    @cute.jit
+    def decode(self, tile: Int32):
+        """Tile index -> (m_block, head, batch, valid). Tiles are claimed in increasing order, so
+        the first invalid one ends a CTA's loop."""
+        if const_expr(self.mCuSeqlensQ is None):
+            m_block, head, batch = self.coordinates(tile)
+            return m_block, head, batch, tile < self.num_tiles
+        else:
+            return self.varlen_coordinates(tile)
+
+    @cute.jit
+    def varlen_coordinates(self, tile: Int32):
+        """Packed sequences: tile = g * heads + head, g running over the m_blocks of sequence 0,
+        then sequence 1, ... (only blocks that hold queries). Within a sequence the last m_block
+        comes first when ``longest_first``. Cost: one pass over the batch per tile."""
+        head = tile % self.num_heads
+        g = tile // self.num_heads
+        batch = Int32(0)
+        m_idx = Int32(0)
+        n_blocks = Int32(0)
+        prefix = Int32(0)
+        found = Int32(0)
+        for b in cutlass.range(self.num_batches, unroll=1):
+            nb = cute.ceil_div(self.mCuSeqlensQ[b + 1] - self.mCuSeqlensQ[b], self.tile_m)
+            if found == 0:
+                if g < prefix + nb:
+                    batch = b
+                    m_idx = g - prefix
+                    n_blocks = nb
+                    found = Int32(1)
+                else:
+                    prefix = prefix + nb
+        m_block = m_idx
+        if const_expr(self.longest_first):
+            m_block = n_blocks - 1 - m_idx
+        return m_block, head, batch, found != 0
 
     @cute.jit
     def coordinates(self, tile: Int32):

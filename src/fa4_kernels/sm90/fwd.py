@@ -43,6 +43,7 @@ from fa4_kernels.hopper_mma import (
 )
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
+from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.tile_scheduler import (
     StaticPersistentScheduler,
@@ -85,6 +86,7 @@ class FlashAttentionForwardSm90:
         tile_m: int,
         tile_n: int,
         num_stages: int,
+        is_varlen: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m == 64 * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 rows"
@@ -95,12 +97,13 @@ class FlashAttentionForwardSm90:
         self.is_causal = is_causal
         self.is_local = is_local
         self.has_softcap = has_softcap
+        self.is_varlen = is_varlen
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
-        # Masked tiles differ in length: balance them with a dynamic scheduler.
-        self.dynamic_schedule = is_causal or is_local
+        # Masked tiles and packed sequences differ in length: balance them dynamically.
+        self.dynamic_schedule = is_causal or is_local or is_varlen
         elem = dtype.width // 8
         smem_separate_o = elem * (
             tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
@@ -109,12 +112,29 @@ class FlashAttentionForwardSm90:
         self.num_mma_threads = THREADS_PER_WG * NUM_CONSUMER_WG
 
     # ------------------------------------------------------------------ host side
-    def scheduler(self, mQ: cute.Tensor, heads_per_group: Int32) -> StaticPersistentScheduler:
+    def scheduler(self, mQ: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
+                  mCuSeqlensQ: cute.Tensor) -> StaticPersistentScheduler:
         """mQ in the (seqlen, dim, head, batch) view."""
+        if const_expr(self.is_varlen):
+            return StaticPersistentScheduler(
+                cute.ceil_div(max_seqlen_q, self.tile_m), cute.size(mQ.shape[2]),
+                cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1), self.is_causal or self.is_local,
+                self.tile_m, mCuSeqlensQ,
+            )
         return StaticPersistentScheduler(
             cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]),
-            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local,
+            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, self.tile_m,
         )
+
+    def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k):
+        return SeqlenInfo.create(batch_idx, seqlen_q, seqlen_k, self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
+                                 mSeqUsedK, has_seqused_k)
+
+    def tile_view(self, t: cute.Tensor, head, batch_idx, offset):
+        """(seqlen, dim) slice of a (seqlen, dim, head, batch) tensor for one sequence."""
+        if const_expr(self.is_varlen):
+            return cute.domain_offset((offset, 0), t[None, None, head, 0])
+        return t[None, None, head, batch_idx]
 
     def _tiled_mmas(self):
         qk = sm90_utils.make_trivial_tiled_mma(
@@ -147,14 +167,21 @@ class FlashAttentionForwardSm90:
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
         mTileCounter: cute.Tensor,  # (1,) int32, zero at launch; used by dynamic scheduling
+        mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32 row offsets into the packed q/out
+        mCuSeqlensK: cute.Tensor,  # varlen: (batch + 1,) into the packed k/v
+        mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
         softmax_scale: Float32,
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
         window_right: Int32,
         heads_per_group: Int32,  # tile-order swizzle: (head, batch) pairs whose K/V share L2
         num_sms: Int32,  # persistent grid size (a run-time fact: the build machine has no GPU)
+        max_seqlen_q: Int32,  # varlen: the longest sequence (bounds the tile count)
+        has_seqused_k: Int32,  # varlen: 1 when mSeqUsedK holds the key counts
         stream: cuda.CUstream,
     ):
+        """Dense: q (batch, seqlen_q, heads_q, head_dim) etc. Varlen: the same tensors with
+        batch 1 holding every sequence back to back, delimited by cu_seqlens."""
         # Sequence-major views: (seqlen, dim, head, batch) so a tile is (tile, dim) at [.., h, b].
         mQ, mK, mV, mO = [
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -201,7 +228,7 @@ class FlashAttentionForwardSm90:
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
             next_tile: cute.struct.MemRange[Int32, 1]
 
-        num_tiles = self.scheduler(mQ, heads_per_group).num_tiles
+        num_tiles = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ).num_tiles
         grid = (cutlass.min(num_tiles, num_sms), 1, 1)
 
         if const_expr(self.has_softcap):
@@ -214,7 +241,8 @@ class FlashAttentionForwardSm90:
             scale_log2 = softmax_scale * LOG2_E
 
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
+            tma_Q, tma_K, tma_V, mO if const_expr(self.is_varlen) else tma_O, mLSE, mTileCounter,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, max_seqlen_q, has_seqused_k,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -236,6 +264,11 @@ class FlashAttentionForwardSm90:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         mTileCounter: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
+        max_seqlen_q: Int32,
+        has_seqused_k: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -300,7 +333,8 @@ class FlashAttentionForwardSm90:
         )
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        scheduler = self.scheduler(mQ, heads_per_group)
+        scheduler = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ)
+        seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
         tile_slot = storage.next_tile.get_tensor(cute.make_layout(1))
 
         if warp_idx < 4:
@@ -309,7 +343,7 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mTileCounter, tile_slot,
+                    mTileCounter, tile_slot, seqlens,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -319,9 +353,7 @@ class FlashAttentionForwardSm90:
                 pipeline_q, pipeline_k, pipeline_v,
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
-                AttentionMask(self.tile_m, self.tile_n, seqlen_q, seqlen_k,
-                              block_info.window_left, block_info.window_right),
-                scheduler, seqlen_q, seqlen_k, tile_slot,
+                scheduler, seqlen_q, seqlen_k, tile_slot, seqlens,
             )
 
     @cute.jit
@@ -345,17 +377,22 @@ class FlashAttentionForwardSm90:
         seqlen_k: Int32,
         mTileCounter: cute.Tensor,
         tile_slot: cute.Tensor,
+        seqlens,
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         tile = scheduler.first_tile()
-        while tile < scheduler.num_tiles:
-            m_block, head_idx, batch_idx = scheduler.coordinates(tile)
+        m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+        while valid:
+            seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             head_idx_kv = head_idx // qhead_per_kvhead
-            gQ = cute.local_tile(mQ[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim), (m_block, 0))
-            gK = cute.local_tile(mK[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim), (None, 0))
-            gV = cute.local_tile(mV[None, None, head_idx_kv, batch_idx], (self.tile_n, self.head_dim_v), (None, 0))
+            gQ = cute.local_tile(self.tile_view(mQ, head_idx, batch_idx, seq.offset_q),
+                                 (self.tile_m, self.head_dim), (m_block, 0))
+            gK = cute.local_tile(self.tile_view(mK, head_idx_kv, batch_idx, seq.offset_k),
+                                 (self.tile_n, self.head_dim), (None, 0))
+            gV = cute.local_tile(self.tile_view(mV, head_idx_kv, batch_idx, seq.offset_k),
+                                 (self.tile_n, self.head_dim_v), (None, 0))
             # TMA partitions: ((atom_v, rest_v)) for Q, ((atom_v, rest_v), n_blocks | stages) for K/V.
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
@@ -366,7 +403,7 @@ class FlashAttentionForwardSm90:
             tVsV, tVgV = cpasync.tma_partition(
                 tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
             )
-            n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+            n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q, seq.seqlen_k, m_block)
 
             # K of the last block first: the consumers start with Q @ K^T of that block.
             pipeline_k.producer_acquire(kv_state)
@@ -397,6 +434,7 @@ class FlashAttentionForwardSm90:
                                 int(FwdBarrier.TILE_SLOT_EMPTY))
             else:
                 tile = scheduler.next_tile(tile)
+            m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
 
     @cute.jit
     def consume(
@@ -418,11 +456,11 @@ class FlashAttentionForwardSm90:
         score_scale: Float32,
         softcap: Float32,
         block_info: BlockInfo,
-        mask: AttentionMask,
         scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
         tile_slot: cute.Tensor,
+        seqlens,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -449,9 +487,12 @@ class FlashAttentionForwardSm90:
         if const_expr(self.dynamic_schedule):  # the tile slot starts out free
             cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.TILE_SLOT_EMPTY), number_of_threads=HANDOFF_THREADS)
         tile = scheduler.first_tile()
-        while tile < scheduler.num_tiles:
-            m_block, head_idx, batch_idx = scheduler.coordinates(tile)
-            n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+        m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+        while valid:
+            seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
+            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k,
+                                 block_info.window_left, block_info.window_right)
+            n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q, seq.seqlen_k, m_block)
             pipeline_q.consumer_wait(q_state)
 
             # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
@@ -478,12 +519,12 @@ class FlashAttentionForwardSm90:
             # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
             n_block_max_unmasked = n_block_max - 1
             if const_expr(self.is_causal or self.is_local):
-                n_right = block_info.n_block_min_right_mask(seqlen_q, seqlen_k, m_block, n_block_min)
+                n_right = block_info.n_block_min_right_mask(seq.seqlen_q, seq.seqlen_k, m_block, n_block_min)
                 for i in cutlass.range(n_block_max_unmasked - n_right, unroll=1):
                     kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
                 n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
             # ... the interior does not ...
-            n_left = block_info.n_block_min_no_left_mask(seqlen_q, seqlen_k, m_block, n_block_min)
+            n_left = block_info.n_block_min_no_left_mask(seq.seqlen_q, seq.seqlen_k, m_block, n_block_min)
             for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
                 kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
             # ... and a local window's left edge does again.
@@ -506,7 +547,7 @@ class FlashAttentionForwardSm90:
             row_scale = softmax.finalize()
             softmax.rescale(acc_O, row_scale)
             self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                          m_block, head_idx, batch_idx, seqlen_q)
+                          m_block, head_idx, batch_idx, seq)
             if const_expr(self.o_aliases_q):
                 pipeline_q.consumer_release(q_state)
             q_state.advance()
@@ -515,6 +556,7 @@ class FlashAttentionForwardSm90:
                                        int(FwdBarrier.TILE_SLOT_EMPTY))
             else:
                 tile = scheduler.next_tile(tile)
+            m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
 
         # Shared memory must outlive the last TMA store's reads.
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
@@ -624,7 +666,7 @@ class FlashAttentionForwardSm90:
         m_block: Int32,
         head_idx: Int32,
         batch_idx: Int32,
-        seqlen_q: Int32,
+        seq: SeqlenInfo,
     ):
         is_store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -643,23 +685,54 @@ class FlashAttentionForwardSm90:
         # LSE straight from registers: the thread holding column 0 of a row writes it.
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
-        mLSE_cur = mLSE[None, head_idx, batch_idx]
+        if const_expr(self.is_varlen):
+            mLSE_cur = cute.domain_offset((seq.offset_q,), mLSE[None, head_idx, 0])
+        else:
+            mLSE_cur = mLSE[None, head_idx, batch_idx]
         if tOcO[0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * self.tile_m + tOcO[r, 0][0]
-                if row < seqlen_q:
+                if row < seq.seqlen_q:
                     mLSE_cur[row] = lse[r]
 
-        # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile; it
-        # waits for the store's reads only before sO is next written (or at exit).
-        cute.arch.fence_view_async_shared()
-        ready = self.num_mma_threads + cute.arch.WARP_SIZE
-        cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-        if is_store_warp:
-            cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-            gO = cute.local_tile(mO[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v), (m_block, 0))
-            tOsO, tOgO = cpasync.tma_partition(
-                tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
-            )
-            cute.copy(tma_atom_O, tOsO, tOgO)
-            cute.arch.cp_async_bulk_commit_group()
+        if const_expr(self.is_varlen):
+            # Packed sequences: a TMA store of the whole tile would overwrite the next sequence's
+            # rows, so every thread copies whole rows of sO out, predicated on the row.
+            cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=self.num_mma_threads)
+            self.store_rows(sO, self.tile_view(mO, head_idx, batch_idx, seq.offset_q), tidx, m_block, seq.seqlen_q)
+        else:
+            # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile; it
+            # waits for the store's reads only before sO is next written (or at exit).
+            cute.arch.fence_view_async_shared()
+            ready = self.num_mma_threads + cute.arch.WARP_SIZE
+            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+            if is_store_warp:
+                cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+                gO = cute.local_tile(mO[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(
+                    tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
+                )
+                cute.copy(tma_atom_O, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def store_rows(self, sO: cute.Tensor, mO_seq: cute.Tensor, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+        """Row-predicated copy of the O tile from shared to global memory: two threads a row,
+        16-byte accesses."""
+        elems = 128 // self.dtype.width
+        half_row = self.head_dim_v // 2
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((self.num_mma_threads // 2, 2), order=(1, 0)),
+            cute.make_ordered_layout((1, half_row), order=(1, 0)),
+        ).get_slice(tidx)
+        gO = cute.local_tile(mO_seq, (self.tile_m, self.head_dim_v), (m_block, 0))
+        tOsO = copy.partition_S(sO)
+        tOgO = copy.partition_D(gO)
+        tOcO = copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim_v)))
+        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        assert half_row % elems == 0
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if tOcO[0, m, 0][0] < seqlen_q - m_block * self.tile_m:
+                cute.autovec_copy(tOrO[None, m, None], tOgO[None, m, None])

@@ -1,0 +1,125 @@
+"""``fa4::fwd_varlen`` / ``fa4::bwd_varlen``: packed variable-length sequences (document packing).
+
+q (total_q, heads_q, head_dim), k/v (total_k, heads_kv, head_dim[_v]); sequence i is rows
+cu_seqlens[i]:cu_seqlens[i + 1] (keys: only the first seqused_k[i] of them when given).
+out (total_q, heads_q, head_dim_v), lse (heads_q, total_q) fp32.
+"""
+from __future__ import annotations
+
+import torch
+
+from fa4 import heuristics, reference
+from fa4.ops import _MASK_ARGS, _run_kernel
+from fa4.validation import check_scalars, check_varlen, check_varlen_offsets
+
+torch.library.define(
+    "fa4::fwd_varlen",
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+    f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, {_MASK_ARGS}) -> (Tensor out, Tensor lse)",
+)
+torch.library.define(
+    "fa4::bwd_varlen",
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+    f"{_MASK_ARGS}) -> (Tensor dq, Tensor dk, Tensor dv)",
+)
+
+
+def _prepare(q, k, v, cu_q, cu_k, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap):
+    check_varlen(q, k, v, cu_q, cu_k, used_k, max_q, max_k)
+    check_scalars(softmax_scale, softcap)
+    return heuristics.resolve_mask(causal, window_left, window_right)
+
+
+def _empty_outputs(q, v):
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+@torch.library.register_fake("fa4::fwd_varlen")
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+             causal, window_left, window_right, softcap)
+    return _empty_outputs(q, v)
+
+
+def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """(q rows, k rows used, k rows) slices per sequence, read on the host (reference paths)."""
+    offs_q = check_varlen_offsets(cu_seqlens_q.cpu(), q.shape[0], "cu_seqlens_q")
+    offs_k = check_varlen_offsets(cu_seqlens_k.cpu(), k.shape[0], "cu_seqlens_k")
+    used = seqused_k.tolist() if seqused_k is not None else None
+    for i in range(len(offs_q) - 1):
+        k_len = offs_k[i + 1] - offs_k[i]
+        k_used = k_len if used is None else max(0, min(used[i], k_len))
+        yield slice(offs_q[i], offs_q[i + 1]), slice(offs_k[i], offs_k[i] + k_used)
+
+
+@torch.library.impl("fa4::fwd_varlen", "CPU")
+def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+             causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    causal, window_left, window_right, softcap)
+    out, lse = _empty_outputs(q, v)
+    for rows, keys in _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
+        o, l = reference.attention_forward(q[rows][None], k[keys][None], v[keys][None], softmax_scale, softcap, mask)
+        out[rows], lse[:, rows] = o[0], l[0]
+    return out, lse
+
+
+@torch.library.impl("fa4::fwd_varlen", "CUDA")
+def _fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    causal, window_left, window_right, softcap)
+    out, lse = _empty_outputs(q, v)
+    if q.shape[0] == 0 or q.shape[1] == 0:
+        return out, lse
+    if k.shape[0] == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    _run_kernel(q[None], k[None], v[None], out[None], lse[None], mask, softmax_scale, softcap,
+                varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k))
+    return out, lse
+
+
+@torch.library.register_fake("fa4::bwd_varlen")
+def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _bwd_any_device(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                    max_seqlen_k, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    """Per-sequence chunked recomputation in torch ops (reads the offsets on the host)."""
+    mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    causal, window_left, window_right, softcap)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for rows, keys in _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
+        g = reference.attention_backward(
+            dout[rows][None], q[rows][None], k[keys][None], v[keys][None], out[rows][None], lse[:, rows][None],
+            None if dlse is None else dlse[:, rows][None], softmax_scale, softcap, mask)
+        dq[rows], dk[keys], dv[keys] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+torch.library.impl("fa4::bwd_varlen", "CPU")(_bwd_any_device)
+torch.library.impl("fa4::bwd_varlen", "CUDA")(_bwd_any_device)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used_k, max_q, max_k, scale, causal, wl, wr, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k)
+    ctx.options = (max_q, max_k, scale, causal, wl, wr, softcap)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, used_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
+    return (dq, dk, dv) + (None,) * 10
+
+
+torch.library.register_autograd("fa4::fwd_varlen", _backward, setup_context=_setup_context)
