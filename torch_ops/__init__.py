@@ -88,6 +88,10 @@ def attention_varlen(
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be a Python int (not a tensor: that would make the compiled "
+                             f"graph depend on a device value); got {type(value).__name__}")
     if scale is None:
         scale = default_scale(q.shape[-1])
     window_left, window_right = window

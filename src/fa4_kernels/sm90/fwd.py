@@ -717,22 +717,27 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def store_rows(self, sO: cute.Tensor, mO_seq: cute.Tensor, tidx: Int32, m_block: Int32, seqlen_q: Int32):
-        """Row-predicated copy of the O tile from shared to global memory: two threads a row,
-        16-byte accesses."""
+        """Row-predicated copy of the O tile from shared to global memory in 16-byte pieces.
+
+        A row is head_dim_v / 8 pieces (12 for 96): the copy uses as many threads as fill a
+        power-of-two number of rows (which divides tile_m) and leaves the rest idle.
+        """
         elems = 128 // self.dtype.width
-        half_row = self.head_dim_v // 2
+        threads_per_row = self.head_dim_v // elems
+        rows_per_pass = 1 << ((self.num_mma_threads // threads_per_row).bit_length() - 1)
         copy = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            cute.make_ordered_layout((self.num_mma_threads // 2, 2), order=(1, 0)),
-            cute.make_ordered_layout((1, half_row), order=(1, 0)),
-        ).get_slice(tidx)
-        gO = cute.local_tile(mO_seq, (self.tile_m, self.head_dim_v), (m_block, 0))
-        tOsO = copy.partition_S(sO)
-        tOgO = copy.partition_D(gO)
-        tOcO = copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim_v)))
-        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
-        cute.autovec_copy(tOsO, tOrO)
-        assert half_row % elems == 0
-        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-            if tOcO[0, m, 0][0] < seqlen_q - m_block * self.tile_m:
-                cute.autovec_copy(tOrO[None, m, None], tOgO[None, m, None])
+            cute.make_ordered_layout((rows_per_pass, threads_per_row), order=(1, 0)),
+            cute.make_layout((1, elems)),
+        )
+        if tidx < rows_per_pass * threads_per_row:
+            thr_copy = copy.get_slice(tidx)
+            gO = cute.local_tile(mO_seq, (self.tile_m, self.head_dim_v), (m_block, 0))
+            tOsO = thr_copy.partition_S(sO)
+            tOgO = thr_copy.partition_D(gO)
+            tOcO = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim_v)))
+            tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+            cute.autovec_copy(tOsO, tOrO)
+            for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if tOcO[0, m, 0][0] < seqlen_q - m_block * self.tile_m:
+                    cute.autovec_copy(tOrO[None, m, None], tOgO[None, m, None])
