@@ -77,6 +77,32 @@ def providers(causal: bool, flex: bool):
     return out
 
 
+def bench_varlen(args, dtype) -> None:
+    """Packed documents (random lengths summing to --tokens) against dense causal batches of the
+    same total tokens and head shape. TFLOP/s count only useful FLOPs (within documents)."""
+    gen = torch.Generator().manual_seed(0)
+    print(f"\nvarlen: {args.varlen_docs} random-length documents in {args.tokens} tokens, causal")
+    for head_dim in args.head_dims:
+        heads = args.hidden // head_dim
+        cuts = torch.randperm(args.tokens - 1, generator=gen)[: args.varlen_docs - 1].add(1).sort().values
+        bounds = [0] + cuts.tolist() + [args.tokens]
+        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+        cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+        flops = sum(4 * heads * s * s * head_dim / 2 for s in lengths)
+        inputs = [tuple(torch.randn(args.tokens, heads, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+                  for _ in range(3)]
+        ms = time_ms(lambda i: fa4.attention_varlen(*inputs[i % 3], cu, cu, max(lengths), max(lengths), causal=True),
+                     args.warmup, args.iters)
+        varlen_tflops = flops / (ms * 1e-3) / 1e12
+        seqlen = args.tokens // args.varlen_docs
+        dense = make_inputs(args.varlen_docs, seqlen, heads, head_dim, dtype, 3, "bshd")
+        dense_flops = 4 * args.varlen_docs * heads * seqlen * seqlen * head_dim / 2
+        ms_dense = time_ms(lambda i: providers(True, False)["fa4"](*dense[i % 3]), args.warmup, args.iters)
+        dense_tflops = dense_flops / (ms_dense * 1e-3) / 1e12
+        print(f"hd={head_dim:3d} docs={lengths}\n  varlen {varlen_tflops:6.1f} TFLOP/s  dense causal "
+              f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
@@ -89,6 +115,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
+    ap.add_argument("--varlen-docs", type=int, default=0,
+                    help="also time attention_varlen on this many random-length documents per batch")
     ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
     args = ap.parse_args(argv)
@@ -126,6 +154,8 @@ def main(argv=None):
                 ratio = result["fa4"] / result["cuDNN"] if {"fa4", "cuDNN"} <= set(result) else float("nan")
                 print(f"hd={head_dim:3d} seqlen={seqlen:5d} causal={int(causal)}  {cells}  fa4/cuDNN {ratio:.3f}",
                       flush=True)
+    if args.varlen_docs:
+        bench_varlen(args, dtype)
     peers = [n for n in ("cuDNN", "FA2", "Flex") if n in names and "fa4" in names]
     header = "| head_dim | seqlen | causal | " + " | ".join(names) + "".join(f" | fa4/{p}" for p in peers) + " |"
     print("\n" + header)
