@@ -103,6 +103,23 @@ def bench_varlen(args, dtype) -> None:
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
+def host_overhead_us(causal: bool, calls: int = 200) -> float:
+    """CPU time per fa4.attention call on a tiny problem (launches queued, no sync in between):
+    the floor under which GPU time per call stops mattering."""
+    import time
+
+    q, k, v = (torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(10):
+        fa4.attention(q, k, v, causal=causal)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fa4.attention(q, k, v, causal=causal)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
@@ -125,6 +142,8 @@ def main(argv=None):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
+    print(f"host time per fa4.attention call: {host_overhead_us(False):.0f} us (no mask), "
+          f"{host_overhead_us(True):.0f} us (causal)")
     print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, {args.layout} storage; "
           f"TFLOP/s (median of {args.iters} samples of 5 back-to-back calls)")
     names = None

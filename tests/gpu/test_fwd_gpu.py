@@ -162,8 +162,9 @@ def test_native_call_writes_every_output_element():
     out = torch.full_like(q, float("nan"))
     lse = torch.full((2, 4, 1000), float("nan"), device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, 0.088, 0.0, 0, 0, 3, 132,
-                torch.cuda.current_stream().cuda_stream)
+    unused = torch.zeros(2, dtype=torch.int32, device="cuda")
+    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, unused, unused, unused,
+                0.088, 0.0, 1 << 30, 0, 3, 132, 1, False, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any()
 
