@@ -20,7 +20,11 @@ def _fake_header(name):
         }} {name}_Tensor_{arg}_t;
         """)
     static = f"typedef struct {{\n    void *data;\n}} {name}_Tensor_mTileCounter_t;\n"
-    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + static
+    vectors = "".join(
+        f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {name}_Tensor_{a}_t;\n"
+        for a in ("mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedK")
+    )
+    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + static + vectors
 
 
 def test_variant_digest_changes_with_sources_and_dsl_version():
@@ -42,6 +46,8 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
     assert "t_lse.dynamic_strides[2]" not in c
     assert "t_tile_counter.data = tile_counter->data;" in c and "t_tile_counter.dynamic" not in c
+    assert "t_cu_seqlens_q.dynamic_shapes[0] = (int32_t)cu_seqlens_q->shape[0];" in c
+    assert "t_seqused_k.dynamic_strides" not in c
     assert "fa4_variant_count = 1;" in c
 
 
