@@ -66,15 +66,17 @@ def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int
 
 
 def l2_swizzle_budget(l2_bytes: int, mask: str) -> int:
-    """Bytes of K/V one swizzle group of the tile order may hold in L2: an eighth of L2.
+    """Bytes of K/V one swizzle group of the tile order may hold in L2.
 
-    Measured on an H200 (60 MB L2), hd128/hd256 bf16, 16k tokens, same run as cuDNN
-    (scripts/tune_schedule.sh): causal, one CTA per tile, 1 / 8 / 40 MB gave 482 / 551 / 512
-    TFLOP/s at 4k and 604 / 614 / 589 at 16k (hd128); without a mask, persistent, 4 MB and
-    7.5 MB were within noise (610 vs 605 at 4k) and 40 MB was worse (585). Small groups let the
-    CTAs of a head stream the same K/V block at the same time.
+    Measured on an H200 (60 MB L2), hd128 bf16, 16k tokens, persistent kernel, two repeats per
+    budget (scripts/tune_schedule.sh and the sweep in docs/perf_notes.md), TFLOP/s:
+      no mask  2 / 4 / 7.5 / 16 / 32 MB: 1k 553 / 550 / 525 / 485 / 516, 4k 631 / 612 / 624 / 611 / 589
+      causal   2 / 4 / 7.5 / 16 / 32 MB: 1k 306 / 308 / 291 / 259 / 288, 4k 513 / 515 / 502 / 522 / 527
+    Without a mask, the CTAs of one head streaming the same K/V block together wins (an L2/24
+    group holds one hd128 head at 4k). With a causal mask, several heads' longest tiles starting
+    together balances better at 4k; an L2/4 group is the compromise with 1k.
     """
-    return l2_bytes // 8
+    return l2_bytes // 24 if mask == "none" else l2_bytes // 4
 
 
 def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, elem_bytes: int,

@@ -47,9 +47,9 @@ def test_select_variant_exact_match_only():
 
 def test_heads_per_group_fits_l2_budget():
     mb = 1 << 20
-    # 4k keys, d=128: 2 MB of K/V per head; an eighth of a 60 MB L2 holds 3 heads.
-    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="none") == 3
-    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="causal") == 3
+    # 4k keys, d=128: 2 MB of K/V per head; L2/24 of 60 MB holds 1 head, L2/4 holds 7.
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="none") == 1
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="causal") == 7
     assert heuristics.heads_per_group(60 * mb, 1024, 64, 64, 2, 2) == 2  # capped by the pairs
     assert heuristics.heads_per_group(50 * mb, 1 << 20, 256, 256, 2, 64) == 1  # huge heads: one at a time
     assert heuristics.heads_per_group(0, 16, 64, 64, 2, 4) == 1
