@@ -48,16 +48,23 @@ def arch_name(capability: tuple[int, int]) -> str | None:
     return {(9, 0): "sm_90a"}.get(tuple(capability))
 
 
+def manifest_key(variant: dict) -> tuple:
+    """Lookup key of one compiled variant as the build's manifest describes it."""
+    return (variant["arch"], variant["dtype"], variant["head_dim"], variant["head_dim_v"], variant["mask"],
+            variant["softcap"], variant.get("varlen", False))
+
+
+def call_key(capability, dtype: str, head_dim: int, head_dim_v: int, mask: str, softcap: bool,
+             varlen: bool = False) -> tuple:
+    """Lookup key of the variant a call needs (matches ``manifest_key``)."""
+    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen)
+
+
 def select_variant(variants: list[dict], capability, dtype: str, head_dim: int, head_dim_v: int,
-                   mask: str, softcap: bool) -> dict | None:
+                   mask: str, softcap: bool, varlen: bool = False) -> dict | None:
     """The compiled variant that serves exactly this call, or None."""
-    arch = arch_name(capability)
-    for v in variants:
-        if (v["arch"], v["dtype"], v["head_dim"], v["head_dim_v"], v["mask"], v["softcap"]) == (
-            arch, dtype, head_dim, head_dim_v, mask, softcap,
-        ):
-            return v
-    return None
+    want = call_key(capability, dtype, head_dim, head_dim_v, mask, softcap, varlen)
+    return next((v for v in variants if manifest_key(v) == want), None)
 
 
 def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int]]:

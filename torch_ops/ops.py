@@ -55,10 +55,8 @@ def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=
 
 @functools.cache
 def _variant_table() -> dict:
-    return {
-        (v["arch"], v["dtype"], v["head_dim"], v["head_dim_v"], v["mask"], v["softcap"], v.get("varlen", False)): v
-        for v in _native.manifest()["variants"]
-    }
+    """heuristics.select_variant as a dict: one lookup per call."""
+    return {heuristics.manifest_key(v): v for v in _native.manifest()["variants"]}
 
 
 @functools.cache
@@ -124,8 +122,8 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None):
             "move the tensors to the CPU for the reference implementation."
         )
     capability, l2_bytes, num_sms = _device_facts(q.device.index)
-    key = (heuristics.arch_name(capability), heuristics.DTYPE_NAMES[str(q.dtype)],
-           q.shape[3], v.shape[3], mask.kind, softcap > 0.0, varlen is not None)
+    key = heuristics.call_key(capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3],
+                              mask.kind, softcap > 0.0, varlen is not None)
     variant = _variant_table().get(key)
     if variant is None:
         raise _unsupported(q, v, mask, softcap, capability)

@@ -43,6 +43,8 @@ def test_select_variant_exact_match_only():
     assert heuristics.select_variant(VARIANTS, (8, 0), "bf16", 128, 128, "causal", False) is None
     assert heuristics.supported_head_dims(VARIANTS, (9, 0)) == [(64, 64), (128, 128)]
     assert heuristics.arch_name((10, 0)) is None
+    varlen = dict(VARIANTS[0], varlen=True, name="c")
+    assert heuristics.select_variant(VARIANTS + [varlen], (9, 0), "bf16", 128, 128, "causal", False, True)["name"] == "c"
 
 
 def test_heads_per_group_fits_l2_budget():

@@ -59,9 +59,9 @@ NUM_CONSUMER_WG = 2
 # Register budget per thread after setmaxnreg: 24 * 128 + 240 * 256 <= 64K registers.
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
-SMEM_CAPACITY = 227 * 1024
+SMEM_CAPACITY = 227 * 1024  # dynamic shared memory a block may opt into on sm_90
 STORE_WARP = 4  # first consumer warp: issues the TMA store of O
-HANDOFF_THREADS = THREADS_PER_WG * NUM_CONSUMER_WG + 32  # consumers + the producer warp  # dynamic shared memory a block may opt into on sm_90
+HANDOFF_THREADS = THREADS_PER_WG * NUM_CONSUMER_WG + 32  # consumers + the producer warp
 
 
 def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
