@@ -83,6 +83,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         dtype, key.head_dim, key.head_dim_v,
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
+        softmax_before_pv_wait=cfg.softmax_before_pv_wait,
     )
 
     def bshd(dim):

@@ -17,6 +17,12 @@ class FwdConfig:
     tile_m: int
     tile_n: int
     num_stages: int
+    # Finish the softmax of block j before waiting for P @ V of block j+1 (see
+    # FlashAttentionForwardSm90.overlapped_step). Pays off when P @ V is long next to the
+    # softmax (head_dim_v > 128); with hd64/hd128 the early wait lets ptxas interleave the O
+    # rescale with the exponentials, which measured faster (H200, bf16, 16k tokens:
+    # hd256 16k 656 -> 694 TFLOP/s, hd128 16k 636 -> 610, same run).
+    softmax_before_pv_wait: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_or_o = self.tile_m * max(head_dim, head_dim_v)
@@ -37,10 +43,11 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
     elif key.head_dim <= 192:
         # O takes 64 (dv 128) or 96 (dv 192) registers; 112 columns of S keep dv 192 in budget.
-        cfg = FwdConfig(tile_m=128, tile_n=128 if key.head_dim_v <= 128 else 112, num_stages=2)
+        cfg = FwdConfig(tile_m=128, tile_n=128 if key.head_dim_v <= 128 else 112, num_stages=2,
+                        softmax_before_pv_wait=key.head_dim_v > 128)
     elif key.head_dim <= 256:
         # O alone is 128 registers per thread; 2 stages of 80-row K/V tiles fill shared memory.
-        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2)
+        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2, softmax_before_pv_wait=True)
     else:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90

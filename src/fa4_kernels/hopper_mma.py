@@ -6,7 +6,9 @@ it as an A-operand fragment ((2, 2, 2), MMA_M, (N/16, MMA_N)). Both are pure rel
 """
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import warpgroup
 
 
@@ -82,3 +84,25 @@ def wgmma(
 
 def new_accumulator(thr_mma: cute.ThrMma, shape_mn) -> cute.Tensor:
     return cute.make_rmem_tensor(thr_mma.partition_shape_C(shape_mn), Float32)
+
+
+@dsl_user_op
+def always_one_after(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
+    """1, computed from ``a`` and ``b``: guarding an instruction with it keeps ptxas from
+    scheduling that instruction before ``a`` and ``b`` exist.
+
+    The all-ones bit pattern is a NaN no arithmetic produces (GPUs return the canonical NaN
+    0x7fffffff), so the result is always 1, which ptxas cannot know.
+    """
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            "{\n.reg .pred p;\nsetp.ne.b32 p, $1, -1;\nsetp.ne.and.b32 p, $2, -1, p;\n"
+            "selp.u32 $0, 1, 0, p;\n}",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )

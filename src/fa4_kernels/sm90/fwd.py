@@ -36,6 +36,7 @@ from cutlass.utils import LayoutEnum
 from fa4_kernels.block_info import BlockInfo
 from fa4_kernels.hopper_mma import (
     acc_as_operand_a,
+    always_one_after,
     new_accumulator,
     rows_cols_view,
     transpose_smem_view,
@@ -87,6 +88,7 @@ class FlashAttentionForwardSm90:
         tile_n: int,
         num_stages: int,
         is_varlen: bool = False,
+        softmax_before_pv_wait: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m == 64 * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 rows"
@@ -101,6 +103,7 @@ class FlashAttentionForwardSm90:
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
+        self.softmax_before_pv_wait = softmax_before_pv_wait
         self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
         # Masked tiles and packed sequences differ in length: balance them dynamically.
         self.dynamic_schedule = is_causal or is_local or is_varlen
@@ -599,11 +602,19 @@ class FlashAttentionForwardSm90:
               n_block != n_block_max - 2, -1)
         self.scheduler_signal()
         warpgroup.wait_group(1)
-        pipeline_k.consumer_release(kv_state)
+        if const_expr(not self.softmax_before_pv_wait):
+            pipeline_k.consumer_release(kv_state)
         row_scale = self.scores_to_probs(
             acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block,
             mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False,
         )
+        if const_expr(self.softmax_before_pv_wait):
+            # ptxas hoists the wait below to just after the row max, so the exponentials would
+            # run only once P @ V is done. Releasing K under a predicate computed from the row
+            # sums (always true) pins the wait behind every exponential, as ptxas keeps the
+            # wait after the mbarrier arrive.
+            if pipeline_k.is_signaling_thread and always_one_after(softmax.row_sum[0], softmax.row_sum[1]) != 0:
+                pipeline_k.sync_object_empty.arrive(kv_state.index, pipeline_k.consumer_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(v_state)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
