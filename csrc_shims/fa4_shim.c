@@ -88,7 +88,8 @@ static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank,
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                const fa4_tensor *seqused_k, const fa4_fwd_params *params, void *stream) {
+                const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
+                void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -99,18 +100,25 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
       (status = check_tensor("tile_counter", tile_counter, 1, 4)) ||
       (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4)) ||
       (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4)) ||
-      (status = check_tensor("seqused_k", seqused_k, 1, 4)))
+      (status = check_tensor("seqused_k", seqused_k, 1, 4)) ||
+      (status = check_tensor("seq_order", seq_order, 1, 4)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
       params->window_right < 0)
     return fail(FA4_ERR_BAD_TENSOR, "heads_per_group and num_sms must be >= 1, windows >= 0");
+  if (params->pack_gqa != 1 &&
+      (params->pack_gqa < 1 || params->pack_gqa > 16 || (params->pack_gqa & (params->pack_gqa - 1)) ||
+       k->shape[2] * params->pack_gqa != q->shape[2]))
+    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or heads_q / heads_kv, a power of two <= 16 (got %d)",
+                params->pack_gqa);
   if (variant->varlen && (q->shape[0] != 1 || cu_seqlens_q->shape[0] < 2 ||
                          cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
                          params->max_seqlen_q < 1 ||
-                         (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0])))
+                         (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0]) ||
+                         seq_order->shape[0] + 1 != cu_seqlens_q->shape[0]))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
-                "max_seqlen_q >= 1, seqused_k one entry per sequence");
+                "max_seqlen_q >= 1, seqused_k and seq_order one entry per sequence");
   if (q->shape[0] * q->shape[2] * ((q->shape[1] + 127) / 128) > INT32_MAX)
     return fail(FA4_ERR_BAD_TENSOR, "too many tiles for one launch (batch * heads * seqlen_q / 128 >= 2^31)");
 
@@ -126,7 +134,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if ((status = ensure_loaded(index, device))) return status;
 
   int32_t ret = variant->fwd(q, k, v, o, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             params, (cudaStream_t)stream);
+                             seq_order, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -26,6 +26,7 @@ typedef struct {
   int32_t num_sms;         /* persistent grid size: the device's multiprocessor count */
   int32_t max_seqlen_q;    /* varlen: longest query sequence (>= 1) */
   int32_t has_seqused_k;   /* varlen: 1 when seqused_k holds per-sequence key counts */
+  int32_t pack_gqa;        /* q heads stacked in one tile: 1, or heads_q / heads_kv in {2,4,8,16} */
 } fa4_fwd_params;
 
 enum fa4_status {
@@ -46,13 +47,15 @@ const char *fa4_last_error(void);
 /* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32,
  * tile_counter (1,) int32 that must be 0 at launch (variants with dynamic scheduling count
  * claimed tiles in it). Varlen variants: b = 1 and sq/sk are the packed totals; cu_seqlens_q/k
- * (n + 1,) int32 offsets, seqused_k (n,) int32 (read when params->has_seqused_k). Dense
- * variants ignore those three (any int32 vectors). Launches on `stream` (a cudaStream_t) on
- * the current device. */
+ * (n + 1,) int32 offsets, seqused_k (n,) int32 (read when params->has_seqused_k), seq_order
+ * (n,) int32: a permutation of the sequences, the order in which their tiles are scheduled
+ * (longest first, say). Dense variants ignore those four (any int32 vectors). Launches on
+ * `stream` (a cudaStream_t) on the current device. */
 int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                const fa4_tensor *seqused_k, const fa4_fwd_params *params, void *stream);
+                const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
+                void *stream);
 
 #ifdef __cplusplus
 }

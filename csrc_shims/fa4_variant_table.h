@@ -12,7 +12,8 @@ typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa
                               const fa4_tensor *o, const fa4_tensor *lse,
                               const fa4_tensor *tile_counter, const fa4_tensor *cu_seqlens_q,
                               const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                              const fa4_fwd_params *params, cudaStream_t stream);
+                              const fa4_tensor *seq_order, const fa4_fwd_params *params,
+                              cudaStream_t stream);
 
 typedef struct {
   const char *name;

@@ -24,6 +24,7 @@ def attention(
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     return_lse: bool = False,
+    pack_gqa: bool | None = None,
 ):
     """Scaled dot-product attention, softmax(q k^T * scale) v, FlashAttention-style.
 
@@ -40,6 +41,10 @@ def attention(
         softcap: if > 0, scores become softcap * tanh(scores / softcap) (Gemma-2 style).
         return_lse: also return the log-sum-exp of the scaled scores, (batch, heads_q, seqlen_q)
             fp32. Rows that see no key give output 0 and LSE -inf.
+        pack_gqa: with GQA/MQA, stack the query heads that share a K/V head in one kernel tile
+            (their rows fill it even when seqlen_q is short, e.g. decoding, and K/V are read
+            once per group). None: decided per call (``fa4.heuristics.pack_gqa_factor``);
+            True needs heads_q / heads_kv in (2, 4, 8, 16). Same results either way.
 
     On CUDA this runs fa4's compiled Hopper kernels; on CPU a chunked reference in fp32. The
     backward currently recomputes attention chunk by chunk in plain torch ops on every device.
@@ -50,7 +55,7 @@ def attention(
         scale = default_scale(q.shape[-1])
     window_left, window_right = window
     out, lse = torch.ops.fa4.fwd(
-        q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap)
+        q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap), pack_gqa
     )
     return (out, lse) if return_lse else out
 
@@ -70,6 +75,7 @@ def attention_varlen(
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     return_lse: bool = False,
+    pack_gqa: bool | None = None,
 ):
     """Attention over packed variable-length sequences (document packing), FlashAttention's
     ``flash_attn_varlen_func`` layout.
@@ -83,8 +89,9 @@ def attention_varlen(
         max_seqlen_q, max_seqlen_k: Python ints (FlashAttention's API; the compiled kernel never
             depends on them, so new values never trigger a new variant).
         seqused_k: optional (num_sequences,) int32: use only the first seqused_k[i] keys.
-        causal, scale, window, softcap, return_lse: as in :func:`attention`; masks are aligned to
-            each sequence's bottom-right corner. LSE is (heads_q, total_q) fp32.
+        causal, scale, window, softcap, return_lse, pack_gqa: as in :func:`attention`; masks are
+            aligned to each sequence's bottom-right corner. LSE is (heads_q, total_q) fp32.
+            Automatic pack-GQA looks at max_seqlen_q.
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -97,6 +104,6 @@ def attention_varlen(
     window_left, window_right = window
     out, lse = torch.ops.fa4.fwd_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
-        int(window_left), int(window_right), float(softcap),
+        int(window_left), int(window_right), float(softcap), pack_gqa,
     )
     return (out, lse) if return_lse else out

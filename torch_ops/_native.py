@@ -35,6 +35,7 @@ class FwdParams(ctypes.Structure):
         ("num_sms", ctypes.c_int32),
         ("max_seqlen_q", ctypes.c_int32),
         ("has_seqused_k", ctypes.c_int32),
+        ("pack_gqa", ctypes.c_int32),
     ]
 
 
@@ -75,7 +76,7 @@ def library() -> ctypes.CDLL:
     lib.fa4_last_error.restype = ctypes.c_char_p
     ptr = ctypes.POINTER(Tensor)
     lib.fa4_fwd.restype = ctypes.c_int32
-    lib.fa4_fwd.argtypes = [ctypes.c_int32] + [ptr] * 9 + [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    lib.fa4_fwd.argtypes = [ctypes.c_int32] + [ptr] * 10 + [ctypes.POINTER(FwdParams), ctypes.c_void_p]
     return lib
 
 
@@ -108,9 +109,10 @@ def as_native(t) -> Tensor:
     return out
 
 
-def fwd(name: str, q, k, v, out, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, seqused_k,
+def fwd(name: str, q, k, v, out, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, seqused_k, seq_order,
         softmax_scale: float, softcap: float, window_left: int, window_right: int,
-        heads_per_group: int, num_sms: int, max_seqlen_q: int, has_seqused_k: bool, stream: int) -> None:
+        heads_per_group: int, num_sms: int, max_seqlen_q: int, has_seqused_k: bool, pack_gqa: int,
+        stream: int) -> None:
     """Launch one compiled forward (see csrc_shims/fa4_shim.h for the argument rules).
 
     ``tile_counter``: (1,) int32 CUDA tensor holding 0 (the kernel may count in it). Dense
@@ -118,10 +120,11 @@ def fwd(name: str, q, k, v, out, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, 
     """
     lib = library()
     params = FwdParams(softmax_scale, softcap, window_left, window_right, heads_per_group, num_sms,
-                       max_seqlen_q, int(has_seqused_k))
+                       max_seqlen_q, int(has_seqused_k), pack_gqa)
     status = lib.fa4_fwd(
         _index(name), as_native(q), as_native(k), as_native(v), as_native(out), as_native(lse),
         as_native(tile_counter), as_native(cu_seqlens_q), as_native(cu_seqlens_k), as_native(seqused_k),
+        as_native(seq_order),
         ctypes.byref(params), ctypes.c_void_p(stream),
     )
     if status != 0:

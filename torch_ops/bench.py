@@ -107,6 +107,34 @@ def bench_varlen(args, dtype) -> None:
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
+def bench_gqa_decode(args, dtype):
+    """Short queries against a long KV cache with GQA (32 query heads on 8 K/V heads, hd128):
+    pack-GQA stacks the 4 query heads of a K/V head in one tile. Memory-bound, so reported as
+    microseconds per call and GB/s of q/k/v/o traffic; SDPA (default backend, enable_gqa) is
+    the peer."""
+    batch, hq, hk, d, sk = 16, 32, 8, 128, 8192
+    print(f"\nGQA {hq}/{hk} heads, hd{d}, batch {batch}, seqlen_k {sk}, causal (bottom-right): us per call (GB/s)")
+    for sq in (1, 16, 64):
+        inputs = [(torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype),
+                   torch.randn(batch, sk, hk, d, device="cuda", dtype=dtype),
+                   torch.randn(batch, sk, hk, d, device="cuda", dtype=dtype)) for _ in range(3)]
+        nbytes = 2 * (2 * batch * sq * hq * d + 2 * batch * sk * hk * d)
+        cells = []
+        for name, fn in (
+            ("fa4 packed", lambda q, k, v: fa4.attention(q, k, v, causal=True, pack_gqa=True)),
+            ("fa4 unpacked", lambda q, k, v: fa4.attention(q, k, v, causal=True, pack_gqa=False)),
+            ("SDPA", lambda q, k, v: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True,
+                attn_mask=torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(sk - sq))),
+        ):
+            try:
+                ms = time_ms(lambda i: fn(*inputs[i % 3]), args.warmup, args.iters)
+                cells.append(f"{name} {ms * 1e3:7.1f} ({nbytes / (ms * 1e-3) / 1e9:5.0f})")
+            except Exception as e:
+                cells.append(f"{name} failed: {type(e).__name__}")
+        print(f"seqlen_q={sq:3d}  " + "  ".join(cells), flush=True)
+
+
 def host_overhead_us(causal: bool, calls: int = 200) -> float:
     """CPU time per fa4.attention call on a tiny problem (launches queued, no sync in between):
     the floor under which GPU time per call stops mattering."""
@@ -138,6 +166,8 @@ def main(argv=None):
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
+    ap.add_argument("--gqa-decode", action="store_true",
+                    help="also time short-query GQA against a long KV cache, pack-GQA on and off")
     ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
     args = ap.parse_args(argv)
@@ -179,6 +209,8 @@ def main(argv=None):
                       flush=True)
     if args.varlen_docs:
         bench_varlen(args, dtype)
+    if args.gqa_decode:
+        bench_gqa_decode(args, dtype)
     peers = [n for n in ("cuDNN", "FA2", "Flex") if n in names and "fa4" in names]
     header = "| head_dim | seqlen | causal | " + " | ".join(names) + "".join(f" | fa4/{p}" for p in peers) + " |"
     print("\n" + header)

@@ -104,3 +104,33 @@ def grid_size(num_sms: int, mask: str, persistent_override: bool | None = None) 
     kernel claims tiles dynamically from a global counter, so long and short tiles balance.
     """
     return num_sms if persistent_override in (None, True) else (1 << 31) - 1
+
+
+def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, override: bool | None = None) -> int:
+    """Query heads stacked in one tile (1: none). Pack-GQA puts the heads_q / heads_kv query
+    heads that share a K/V head into the rows of one tile (tile_m / factor rows of each), so a
+    short query (decoding: 1 row) still fills the tile and K/V are read once per group.
+
+    Automatic choice, as FlashAttention-3: pack when the unpacked tiles would be under 90% as
+    full as the packed ones (short or ragged seqlen_q). Only groups of 2, 4, 8 or 16 heads
+    are packed, and only as many as give each head a multiple of 8 rows of the tile (192-row
+    hd64 tiles: up to 8).
+    """
+    group = heads_q // max(heads_kv, 1)
+    packable = group in (2, 4, 8, 16) and heads_q == group * heads_kv
+    # Each head's share of the tile is loaded in 8-row pieces.
+    stackable = packable and tile_m % group == 0 and (tile_m // group) % 8 == 0
+    if override is True and packable and not stackable:
+        most = max(g for g in (1, 2, 4, 8, 16) if tile_m % g == 0 and (tile_m // g) % 8 == 0)
+        raise ValueError(f"pack_gqa=True: this head_dim's {tile_m}-row tiles stack at most {most} heads "
+                         f"(in 8-row pieces), not {group}; use pack_gqa=None or False")
+    if override is False or not stackable:
+        return 1
+    if override is True:
+        return group
+    seqlen_q = max(seqlen_q, 1)
+
+    def fill(rows: int) -> float:
+        return rows / (-(-rows // tile_m) * tile_m)
+
+    return group if fill(seqlen_q) < 0.9 * fill(seqlen_q * group) else 1

@@ -12,13 +12,14 @@ import functools
 import torch
 
 from fa4 import _native, heuristics, reference, settings
-from fa4.validation import check_qkv, check_scalars
+from fa4.validation import check_pack_gqa, check_qkv, check_scalars
 
 _MASK_ARGS = "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
 
 torch.library.define(
     "fa4::fwd",
-    f"(Tensor q, Tensor k, Tensor v, float softmax_scale, {_MASK_ARGS}) -> (Tensor out, Tensor lse)",
+    f"(Tensor q, Tensor k, Tensor v, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None) "
+    "-> (Tensor out, Tensor lse)",
 )
 torch.library.define(
     "fa4::bwd",
@@ -34,22 +35,25 @@ def _empty_outputs(q, v):
     return out, lse
 
 
-def _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
+def _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None):
     check_qkv(q, k, v)
     check_scalars(softmax_scale, softcap)
+    check_pack_gqa(pack_gqa, q.shape[2], k.shape[2])
     return heuristics.resolve_mask(causal, window_left, window_right)
 
 
 # ------------------------------------------------------------------------------- forward
 @torch.library.register_fake("fa4::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
-    _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+def _fwd_fake(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+              pack_gqa=None):
+    _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     return _empty_outputs(q, v)
 
 
 @torch.library.impl("fa4::fwd", "CPU")
-def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
-    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+             pack_gqa=None):
+    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     return reference.attention_forward(q, k, v, softmax_scale, softcap, mask)
 
 
@@ -113,9 +117,19 @@ def _unsupported(q, v, mask, softcap, capability) -> NotImplementedError:
     )
 
 
-def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None):
+def _longest_first(cu_seqlens_q: torch.Tensor) -> torch.Tensor:
+    """Sequence indices by decreasing query length (computed on the GPU, no host sync): the
+    kernel schedules the tiles of long sequences first so short ones fill the tail."""
+    if cu_seqlens_q.shape[0] <= 2:
+        return _unused_vector(cu_seqlens_q.device.index)[: cu_seqlens_q.shape[0] - 1]
+    lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    return torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
+
+
+def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pack_gqa=None):
     """Launch the compiled forward. q/k/v/out are 4-D (batch, seqlen, heads, dim) and lse 3-D;
-    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k | None) with batch 1 holding the packed rows."""
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k | None, max_seqlen_q) with batch 1 holding
+    the packed rows. pack_gqa: None (heuristics.pack_gqa_factor decides), True or False."""
     if not _native.available():
         raise RuntimeError(
             "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
@@ -128,25 +142,29 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None):
     if variant is None:
         raise _unsupported(q, v, mask, softcap, capability)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    tile_m = variant["tile_m"]
+    longest_q = q.shape[1] if varlen is None else varlen[3]
+    packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, tile_m, pack_gqa)
+    block_rows = tile_m // packed  # query rows of one head per tile
     if varlen is None:
-        cu_q = cu_k = used_k = _unused_vector(q.device.index)
-        pairs, tile_rows, seqlen_k = q.shape[0] * q.shape[2], 1, k.shape[1]
+        cu_q = cu_k = used_k = order = _unused_vector(q.device.index)
+        pairs, tile_rows, seqlen_k = q.shape[0] * q.shape[2] // packed, 1, k.shape[1]
     else:
-        cu_q, cu_k, used_k = varlen
+        cu_q, cu_k, used_k, _ = varlen
         num_seqs = cu_q.shape[0] - 1
-        pairs, seqlen_k = num_seqs * q.shape[2], max(1, k.shape[1] // max(num_seqs, 1))
-        # The kernel sizes its tile range as ceil(rows / tile_m) blocks per sequence; this many
-        # rows covers any split of the packed queries without reading cu_seqlens on the host.
-        tile_m = variant["tile_m"]
-        blocks = -(-q.shape[1] // tile_m) + num_seqs
-        tile_rows = tile_m * max(1, -(-blocks // max(num_seqs, 1)))
+        order = _longest_first(cu_q)
+        pairs, seqlen_k = num_seqs * q.shape[2] // packed, max(1, k.shape[1] // max(num_seqs, 1))
+        # The kernel sizes its tile range as ceil(rows / block_rows) blocks per sequence; this
+        # many rows covers any split of the packed queries without reading cu_seqlens on the host.
+        blocks = -(-q.shape[1] // block_rows) + num_seqs
+        tile_rows = block_rows * max(1, -(-blocks // max(num_seqs, 1)))
     group = heuristics.heads_per_group(l2_bytes, seqlen_k, q.shape[3], v.shape[3], q.element_size(), pairs,
                                       settings.l2_swizzle_bytes(), mask.kind)
     grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
     tile_counter = _tile_counter(q.device, dynamic=mask.kind != "none" or varlen is not None)
     args = (variant["name"], q, k, v, out, lse, tile_counter, cu_q, cu_k,
-            used_k if used_k is not None else cu_q, softmax_scale, softcap, mask.window_left,
-            mask.window_right, group, grid, tile_rows, used_k is not None,
+            used_k if used_k is not None else cu_q, order, softmax_scale, softcap, mask.window_left,
+            mask.window_right, group, grid, tile_rows, used_k is not None, packed,
             torch.cuda.current_stream(q.device).cuda_stream)
     if torch.cuda.current_device() == q.device.index:
         _native.fwd(*args)
@@ -156,15 +174,16 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None):
 
 
 @torch.library.impl("fa4::fwd", "CUDA")
-def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
-    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+              pack_gqa=None):
+    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     out, lse = _empty_outputs(q, v)
     b, sq, hq, _ = q.shape
     if min(b, sq, hq) == 0:
         return out, lse
     if k.shape[1] == 0:  # nothing to attend to: the empty-row convention
         return out.zero_(), lse.fill_(float("-inf"))
-    _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap)
+    _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, pack_gqa=pack_gqa)
     return out, lse
 
 
@@ -187,7 +206,7 @@ torch.library.impl("fa4::bwd", "CUDA")(_bwd_any_device)
 
 # ------------------------------------------------------------------------------ autograd
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap = inputs
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _pack_gqa = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = (softmax_scale, causal, window_left, window_right, softcap)
@@ -198,7 +217,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, dlse, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fa4::fwd", _backward, setup_context=_setup_context)

@@ -10,12 +10,13 @@ import torch
 
 from fa4 import heuristics, reference
 from fa4.ops import _MASK_ARGS, _run_kernel
-from fa4.validation import check_scalars, check_varlen, check_varlen_offsets
+from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets
 
 torch.library.define(
     "fa4::fwd_varlen",
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-    f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, {_MASK_ARGS}) -> (Tensor out, Tensor lse)",
+    f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None) "
+    "-> (Tensor out, Tensor lse)",
 )
 torch.library.define(
     "fa4::bwd_varlen",
@@ -25,9 +26,11 @@ torch.library.define(
 )
 
 
-def _prepare(q, k, v, cu_q, cu_k, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap):
+def _prepare(q, k, v, cu_q, cu_k, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap,
+             pack_gqa=None):
     check_varlen(q, k, v, cu_q, cu_k, used_k, max_q, max_k)
     check_scalars(softmax_scale, softcap)
+    check_pack_gqa(pack_gqa, q.shape[1], k.shape[1])
     return heuristics.resolve_mask(causal, window_left, window_right)
 
 
@@ -39,9 +42,9 @@ def _empty_outputs(q, v):
 
 @torch.library.register_fake("fa4::fwd_varlen")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal=False, window_left=-1, window_right=-1, softcap=0.0):
+              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None):
     _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-             causal, window_left, window_right, softcap)
+             causal, window_left, window_right, softcap, pack_gqa)
     return _empty_outputs(q, v)
 
 
@@ -58,9 +61,9 @@ def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
 
 @torch.library.impl("fa4::fwd_varlen", "CPU")
 def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-             causal=False, window_left=-1, window_right=-1, softcap=0.0):
+             causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None):
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    causal, window_left, window_right, softcap)
+                    causal, window_left, window_right, softcap, pack_gqa)
     out, lse = _empty_outputs(q, v)
     for rows, keys in _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
         o, l = reference.attention_forward(q[rows][None], k[keys][None], v[keys][None], softmax_scale, softcap, mask)
@@ -70,16 +73,16 @@ def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_s
 
 @torch.library.impl("fa4::fwd_varlen", "CUDA")
 def _fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal=False, window_left=-1, window_right=-1, softcap=0.0):
+              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None):
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    causal, window_left, window_right, softcap)
+                    causal, window_left, window_right, softcap, pack_gqa)
     out, lse = _empty_outputs(q, v)
     if q.shape[0] == 0 or q.shape[1] == 0:
         return out, lse
     if k.shape[0] == 0:
         return out.zero_(), lse.fill_(float("-inf"))
     _run_kernel(q[None], k[None], v[None], out[None], lse[None], mask, softmax_scale, softcap,
-                varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k))
+                varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q), pack_gqa=pack_gqa)
     return out, lse
 
 
@@ -108,7 +111,7 @@ torch.library.impl("fa4::bwd_varlen", "CUDA")(_bwd_any_device)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, used_k, max_q, max_k, scale, causal, wl, wr, softcap = inputs
+    q, k, v, cu_q, cu_k, used_k, max_q, max_k, scale, causal, wl, wr, softcap, _pack_gqa = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k)
     ctx.options = (max_q, max_k, scale, causal, wl, wr, softcap)
@@ -119,7 +122,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * 11
 
 
 torch.library.register_autograd("fa4::fwd_varlen", _backward, setup_context=_setup_context)

@@ -48,11 +48,29 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             )
 
 
+PACKABLE_GROUPS = (2, 4, 8, 16)  # query heads per K/V head that pack-GQA can stack in a tile
+
+
 def check_scalars(softmax_scale: float, softcap: float) -> None:
     if not (softmax_scale == softmax_scale) or softmax_scale in (float("inf"), float("-inf")):
         raise ValueError(f"scale must be finite; got {softmax_scale}")
     if softcap < 0.0 or softcap != softcap:
         raise ValueError(f"softcap must be >= 0 (0 disables it); got {softcap}")
+
+
+def check_pack_gqa(pack_gqa, heads_q: int, heads_kv: int) -> None:
+    """pack_gqa=True stacks the heads_q / heads_kv query heads that share a K/V head in one tile;
+    the kernels do that for 2, 4, 8 or 16 heads per K/V head."""
+    if pack_gqa is None or pack_gqa is False:
+        return
+    if pack_gqa is not True:
+        raise TypeError(f"pack_gqa must be None (automatic), True or False; got {pack_gqa!r}")
+    group = heads_q // max(heads_kv, 1)
+    if group not in PACKABLE_GROUPS:
+        raise ValueError(
+            f"pack_gqa=True needs heads_q / heads_kv in {PACKABLE_GROUPS}; got {heads_q} / {heads_kv}. "
+            "Use pack_gqa=None (automatic) or False."
+        )
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q: int, max_seqlen_k: int) -> None:

@@ -104,8 +104,8 @@ def compile_variant(name: str, out_dir: Path) -> None:
 
     compiled = cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, tile_counter,
-        int_vector(), int_vector(), int_vector(),
-        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0),
+        int_vector(), int_vector(), int_vector(), int_vector(),
+        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
         make_fake_stream(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -175,7 +175,8 @@ def _tensor_fill(name: str, header: str) -> str:
     so the generated struct holds exactly the leading n sizes and m strides.
     """
     args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mTileCounter": "tile_counter",
-            "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k"}
+            "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k",
+            "mSeqOrder": "seq_order"}
     lines = []
     found = {m.group(4): (int(m.group(1) or 0), int(m.group(2) or 0)) for m in _STRUCT_RE.finditer(header)}
     if set(found) != set(args):
@@ -217,12 +218,14 @@ static int32_t {n}_load(int32_t device) {{
 static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                        const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
                        const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                       const fa4_tensor *seqused_k, const fa4_fwd_params *p, cudaStream_t stream) {{
+                       const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *p,
+                       cudaStream_t stream) {{
 {_tensor_fill(n, header)}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_tile_counter,
-                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, p->softmax_scale,
+                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
-                              p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k, stream);
+                              p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
+                              p->pack_gqa, stream);
 }}""")
         rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {n}_init, {n}_load, {n}_fwd}},')
     out.append("const fa4_variant fa4_variants[] = {")

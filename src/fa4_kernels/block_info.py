@@ -14,7 +14,9 @@ from cutlass import Int32, const_expr
 
 @dataclass(frozen=True)
 class BlockInfo:
-    tile_m: cutlass.Constexpr[int]
+    # Query rows of one head per tile: tile_m, or tile_m / pack_gqa when the tile stacks the
+    # rows of pack_gqa heads (a run-time value then). Masks work on sequence rows.
+    block_rows: Int32
     tile_n: cutlass.Constexpr[int]
     is_causal: cutlass.Constexpr[bool]
     is_local: cutlass.Constexpr[bool]
@@ -30,13 +32,13 @@ class BlockInfo:
         n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
         offset = seqlen_k - seqlen_q
         if const_expr(self.is_causal or self.is_local):
-            right = (m_block + 1) * self.tile_m + offset
+            right = (m_block + 1) * self.block_rows + offset
             if const_expr(self.is_local):
                 right = right + self.window_right
             n_block_max = cutlass.min(n_block_max, cute.ceil_div(cutlass.max(right, 0), self.tile_n))
         n_block_min = Int32(0)
         if const_expr(self.is_local):
-            left = m_block * self.tile_m + offset - self.window_left
+            left = m_block * self.block_rows + offset - self.window_left
             n_block_min = cutlass.max(left, 0) // self.tile_n
         n_block_max = cutlass.max(n_block_max, 1)
         n_block_min = cutlass.min(n_block_min, n_block_max - 1)
@@ -44,7 +46,7 @@ class BlockInfo:
 
     def n_block_min_right_mask(self, seqlen_q, seqlen_k, m_block, n_block_min):
         """Blocks at or above this index may hold keys right of some row's limit (causal/local)."""
-        first_row_limit = m_block * self.tile_m + seqlen_k - seqlen_q + 1
+        first_row_limit = m_block * self.block_rows + seqlen_k - seqlen_q + 1
         if const_expr(self.is_local):
             first_row_limit = first_row_limit + self.window_right
         return cutlass.max(n_block_min, cutlass.max(first_row_limit, 0) // self.tile_n)
@@ -53,5 +55,5 @@ class BlockInfo:
         """Blocks below this index may hold keys left of some row's window (local only)."""
         if const_expr(not self.is_local):
             return n_block_min
-        last_row_left = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q - self.window_left
+        last_row_left = (m_block + 1) * self.block_rows - 1 + seqlen_k - seqlen_q - self.window_left
         return cutlass.max(n_block_min, cute.ceil_div(cutlass.max(last_row_left, 0), self.tile_n))

@@ -36,7 +36,11 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # (head_dim_v / 2): both must fit the 240-register consumer budget with the softmax state,
     # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
-    if key.head_dim <= 128:
+    if key.head_dim <= 64:
+        # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
+        # are short next to its softmax, and a third warpgroup keeps the tensor cores fed.
+        cfg = FwdConfig(tile_m=192, tile_n=128, num_stages=2)
+    elif key.head_dim <= 128:
         # FlashAttention-3 takes tile_n 176 for hd128 without a mask; here that forces O into
         # Q's staging buffer (no Q prefetch during the epilogue) and measured slower on an H200
         # (hd128 bf16 16k tokens: 572 vs 604 TFLOP/s at 4k, 606 vs 640 at 16k, same run).

@@ -57,6 +57,7 @@ class AttentionMask:
     tile_n: cutlass.Constexpr[int]
     seqlen_q: Int32
     seqlen_k: Int32
+    block_rows: Int32  # sequence rows per head in a tile: see BlockInfo
     window_left: Optional[Int32] = None
     window_right: Optional[Int32] = None
 
@@ -89,9 +90,10 @@ class AttentionMask:
         else:
             # col_limit_right - row index: first key index (relative to this thread's first
             # column of the block) that row 0 of the tile may not see.
-            diag = self.seqlen_k - self.seqlen_q - n_block * self.tile_n - col_offset + m_block * self.tile_m
+            diag = self.seqlen_k - self.seqlen_q - n_block * self.tile_n - col_offset + m_block * self.block_rows
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-                row = tScS[r, 0][0]
+                # Tile row -> row of its head's sequence (pack-GQA stacks heads block_rows apart).
+                row = tScS[r, 0][0] % self.block_rows
                 right_limit = row + diag + 1
                 if const_expr(mask_local):
                     right_limit = right_limit + self.window_right

@@ -12,10 +12,11 @@ class FwdBarrier(enum.IntEnum):
     EPILOGUE_SMEM_FREE = 1
     # O is in shared memory (and fenced): the storing warp may issue the TMA store.
     EPILOGUE_O_READY = 2
-    # Ping-pong between the two consumer warpgroups: WG k waits on WG_SCHEDULER + k before
-    # issuing its GEMMs; the other warpgroup arrives on it after issuing its own.
-    WG_SCHEDULER = 3  # 3 and 4
     # Dynamic scheduling: the producer warp published the next tile index in shared memory /
-    # the consumers have read it (producer warp + both consumer warpgroups).
-    TILE_SLOT_FULL = 5
-    TILE_SLOT_EMPTY = 6
+    # the consumers have read it (producer warp + all consumer warpgroups).
+    TILE_SLOT_FULL = 3
+    TILE_SLOT_EMPTY = 4
+    # Round-robin of the consumer warpgroups' GEMM issue (ping-pong for two): WG k waits on
+    # WG_SCHEDULER + k before issuing its GEMMs; the warpgroup before it arrives on it after
+    # issuing its own. Ids 5, 6 (and 7 with three consumer warpgroups).
+    WG_SCHEDULER = 5

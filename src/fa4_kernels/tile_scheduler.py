@@ -35,8 +35,9 @@ class StaticPersistentScheduler:
     num_batches: Int32
     heads_per_group: Int32
     longest_first: cutlass.Constexpr[bool]
-    tile_m: cutlass.Constexpr[int] = 128
-    mCuSeqlensQ: cute.Tensor | None = None  # varlen: tiles are enumerated per sequence
+    block_rows: Int32  # query rows of one sequence per tile (tile_m, or tile_m / pack_gqa)
+    mCuSeqlensQ: cute.Tensor | None = None  # varlen: tiles are enumerated per sequence ...
+    mSeqOrder: cute.Tensor | None = None  # ... taking the sequences in this order (a permutation)
 
     @property
     def num_tiles(self):
@@ -70,9 +71,10 @@ class StaticPersistentScheduler:
 
     @cute.jit
     def varlen_coordinates(self, tile: Int32):
-        """Packed sequences: tile = g * heads + head, g running over the m_blocks of sequence 0,
-        then sequence 1, ... (only blocks that hold queries). Within a sequence the last m_block
-        comes first when ``longest_first``. Cost: one pass over the batch per tile."""
+        """Packed sequences: tile = g * heads + head, g running over the m_blocks of sequence
+        order[0], then order[1], ... (only blocks that hold queries; the host passes the longest
+        sequences first). Within a sequence the last m_block comes first when ``longest_first``.
+        Cost: one pass over the batch per tile."""
         head = tile % self.num_heads
         g = tile // self.num_heads
         batch = Int32(0)
@@ -80,8 +82,9 @@ class StaticPersistentScheduler:
         n_blocks = Int32(0)
         prefix = Int32(0)
         found = Int32(0)
-        for b in cutlass.range(self.num_batches, unroll=1):
-            nb = cute.ceil_div(self.mCuSeqlensQ[b + 1] - self.mCuSeqlensQ[b], self.tile_m)
+        for i in cutlass.range(self.num_batches, unroll=1):
+            b = cutlass.min(cutlass.max(self.mSeqOrder[i], 0), self.num_batches - 1)  # never out of range
+            nb = cute.ceil_div(self.mCuSeqlensQ[b + 1] - self.mCuSeqlensQ[b], self.block_rows)
             if found == 0:
                 if g < prefix + nb:
                     batch = b

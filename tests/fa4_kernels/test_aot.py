@@ -22,7 +22,7 @@ def _fake_header(name):
     static = f"typedef struct {{\n    void *data;\n}} {name}_Tensor_mTileCounter_t;\n"
     vectors = "".join(
         f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {name}_Tensor_{a}_t;\n"
-        for a in ("mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedK")
+        for a in ("mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedK", "mSeqOrder")
     )
     return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + static + vectors
 
@@ -48,6 +48,8 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "t_tile_counter.data = tile_counter->data;" in c and "t_tile_counter.dynamic" not in c
     assert "t_cu_seqlens_q.dynamic_shapes[0] = (int32_t)cu_seqlens_q->shape[0];" in c
     assert "t_seqused_k.dynamic_strides" not in c
+    assert "t_seq_order.dynamic_shapes[0] = (int32_t)seq_order->shape[0];" in c
+    assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, stream" in c
     assert "fa4_variant_count = 1;" in c
 
 

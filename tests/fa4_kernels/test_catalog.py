@@ -31,6 +31,7 @@ def test_compute_capability_from_arch():
 def test_every_variant_has_a_config_that_fits_shared_memory():
     for key in catalog.all_variants():
         cfg = heuristics.fwd_config(key)
-        assert cfg.tile_m == 128  # two consumer warpgroups of 64 rows
+        # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax)
+        assert cfg.tile_m == (192 if key.head_dim <= 64 else 128)
         assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90

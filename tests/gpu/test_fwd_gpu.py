@@ -60,9 +60,10 @@ def sdpa_math_error(q, k, v, ref, causal, window, softcap, scale):
     return rel_error(out, ref)
 
 
-def check(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+def check(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, pack_gqa=None):
     poison_allocator()
-    out, lse = fa4.attention(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, return_lse=True)
+    out, lse = fa4.attention(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, return_lse=True,
+                             pack_gqa=pack_gqa)
     torch.cuda.synchronize()
     ref_out, ref_lse = naive_attention(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale)
     err = rel_error(out, ref_out)
@@ -106,6 +107,34 @@ def test_rectangular_gqa(causal, sq, sk, gqa):
     q = torch.randn(2, sq, hk * gqa, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("pack_gqa", [True, False])
+@pytest.mark.parametrize("group, hk", [(2, 3), (4, 2), (8, 1), (16, 1)])
+@pytest.mark.parametrize("sq, sk", [(1, 1000), (3, 77), (17, 129), (129, 17), (1000, 1000)])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window": (40, 7)}, {"softcap": 10.0, "causal": True}])
+def test_pack_gqa(pack_gqa, group, hk, sq, sk, kw):
+    """Query heads of a group stacked in one tile (decode-like short queries included), against
+    the same reference as the unpacked kernel."""
+    q = torch.randn(2, sq, hk * group, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check(q, k, v, pack_gqa=pack_gqa, **kw)
+
+
+@pytest.mark.parametrize("dims", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_pack_gqa_head_dims(dims, causal):
+    d, dv = dims
+    q = torch.randn(3, 45, 8, d, device="cuda", dtype=torch.float16).transpose(1, 2).contiguous().transpose(1, 2)
+    k = torch.randn(3, 300, 2, d, device="cuda", dtype=torch.float16)
+    v = torch.randn(3, 300, 2, dv, device="cuda", dtype=torch.float16)
+    check(q, k, v, causal=causal, pack_gqa=True)
+
+
+def test_pack_gqa_is_chosen_for_decoding():
+    from fa4.heuristics import pack_gqa_factor
+    assert pack_gqa_factor(32, 8, 1, 128) == 4
+    assert pack_gqa_factor(32, 8, 4096, 128) == 1
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5, 8])
@@ -163,8 +192,8 @@ def test_native_call_writes_every_output_element():
     lse = torch.full((2, 4, 1000), float("nan"), device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     unused = torch.zeros(2, dtype=torch.int32, device="cuda")
-    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, unused, unused, unused,
-                0.088, 0.0, 1 << 30, 0, 3, 132, 1, False, torch.cuda.current_stream().cuda_stream)
+    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, unused, unused, unused, unused,
+                0.088, 0.0, 1 << 30, 0, 3, 132, 1, False, 1, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any()
 
@@ -197,8 +226,9 @@ def test_opcheck_cuda():
     q = torch.randn(2, 130, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(2, 70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, 0.125), {"causal": True},
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    for kwargs in ({"causal": True}, {"causal": True, "pack_gqa": True}):
+        torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, 0.125), kwargs,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 def test_compile_fullgraph_cuda():

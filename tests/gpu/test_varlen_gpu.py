@@ -24,7 +24,7 @@ def offsets(lengths):
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
 
 
-def check_varlen(lengths_q, lengths_k, hq, hk, d, dv, seqused=None, dtype=torch.bfloat16, **kw):
+def check_varlen(lengths_q, lengths_k, hq, hk, d, dv, seqused=None, dtype=torch.bfloat16, pack_gqa=None, **kw):
     cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
     q = torch.randn(int(cu_q[-1]), hq, d, device="cuda", dtype=dtype)
     k = torch.randn(int(cu_k[-1]), hk, d, device="cuda", dtype=dtype)
@@ -32,7 +32,7 @@ def check_varlen(lengths_q, lengths_k, hq, hk, d, dv, seqused=None, dtype=torch.
     used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32, device="cuda")
     poison_allocator()
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), seqused_k=used,
-                                    return_lse=True, **kw)
+                                    return_lse=True, pack_gqa=pack_gqa, **kw)
     torch.cuda.synchronize()
     refs, ref_lses, errs_sdpa, weights = [], [], [], []
     for i in range(len(lengths_q)):
@@ -55,6 +55,15 @@ def check_varlen(lengths_q, lengths_k, hq, hk, d, dv, seqused=None, dtype=torch.
     base = max(errs_sdpa) if errs_sdpa else 0.0
     assert err <= 2 * base + 1e-4, f"fa4 varlen error {err:.3e} vs SDPA-math {base:.3e}"
     assert lse_error(lse, torch.cat(ref_lses, dim=1)) < 1e-3
+
+
+@pytest.mark.parametrize("pack_gqa", [True, False])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window": (30, 5)}])
+@pytest.mark.parametrize("heads", [(8, 2), (16, 1)])
+def test_documents_pack_gqa(pack_gqa, kw, heads):
+    gen = torch.Generator().manual_seed(7)
+    lengths = random_documents(9, 300, generator=gen)
+    check_varlen(lengths, lengths, heads[0], heads[1], 128, 128, pack_gqa=pack_gqa, **kw)
 
 
 @pytest.mark.parametrize("n_docs", [1, 2, 7, 20])
@@ -118,3 +127,10 @@ def test_cuda_graph_with_new_offsets():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, fa4.attention_varlen(q, k, v, cu, cu, 600, 600, causal=True))
+
+
+def test_sequences_are_scheduled_longest_first():
+    from fa4.ops import _longest_first
+    order = _longest_first(offsets([5, 0, 300, 7, 300, 1]))
+    assert order.dtype == torch.int32 and order.tolist() == [2, 4, 3, 0, 5, 1]
+    assert _longest_first(offsets([9])).tolist() == [0]

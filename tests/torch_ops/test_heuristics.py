@@ -62,3 +62,25 @@ def test_grid_size():
     assert heuristics.grid_size(132, "none") == 132 and heuristics.grid_size(132, "causal") == 132
     assert heuristics.grid_size(132, "causal", persistent_override=False) > 1 << 30
     assert heuristics.grid_size(132, "none", persistent_override=False) > 1 << 30
+
+
+@pytest.mark.parametrize("hq, hk, sq, override, expected", [
+    (32, 8, 1, None, 4),        # decoding: 4 heads fill 4 rows instead of 1 of 128
+    (32, 8, 40, None, 4),       # short queries pack
+    (32, 8, 4096, None, 1),     # full tiles either way: no packing
+    (32, 8, 4096, True, 4),     # forced
+    (32, 8, 1, False, 1),       # disabled
+    (24, 8, 1, None, 1),        # 3 heads per K/V head: not a packable group
+    (16, 16, 1, None, 1),       # MHA
+    (64, 2, 1, None, 1),        # 32 heads per K/V head: more than the tile stacks
+    (16, 1, 1, None, 16),
+])
+def test_pack_gqa_factor(hq, hk, sq, override, expected):
+    assert heuristics.pack_gqa_factor(hq, hk, sq, 128, override) == expected
+
+
+def test_pack_gqa_factor_respects_the_tile_height():
+    assert heuristics.pack_gqa_factor(16, 1, 1, 192) == 1  # 12 rows per head: not a multiple of 8
+    assert heuristics.pack_gqa_factor(8, 1, 1, 192) == 8
+    with pytest.raises(ValueError, match="192-row tiles stack at most 8 heads"):
+        heuristics.pack_gqa_factor(16, 1, 1, 192, True)

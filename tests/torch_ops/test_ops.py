@@ -49,7 +49,8 @@ def _opcheck_args(dtype=torch.float32):
     return q, k, v
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window_left": 3, "window_right": 2, "softcap": 4.0}])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window_left": 3, "window_right": 2, "softcap": 4.0},
+                                    {"causal": True, "pack_gqa": True}])
 def test_opcheck_fwd_cpu(kwargs):
     q, k, v = _opcheck_args()
     torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, 0.25), kwargs)

@@ -55,3 +55,16 @@ def test_cuda_tensors_on_a_machine_without_cuda_fail_cleanly():
         pytest.skip("has CUDA")
     with pytest.raises((RuntimeError, AssertionError)):
         fa4.attention(*(t.cuda() for t in qkv()))
+
+
+def test_pack_gqa_argument_is_checked():
+    from fa4.validation import check_pack_gqa
+
+    q, k = torch.randn(1, 5, 6, 64), torch.randn(1, 5, 2, 64)
+    with pytest.raises(ValueError, match=r"pack_gqa=True needs heads_q / heads_kv in \(2, 4, 8, 16\)"):
+        fa4.attention(q, k, k, pack_gqa=True)
+    with pytest.raises(TypeError, match="pack_gqa must be None"):
+        check_pack_gqa(2, 8, 2)
+    q8 = torch.randn(1, 5, 8, 64)
+    for pack in (None, True, False):  # CPU reference: same result, the option only steers the kernel
+        torch.testing.assert_close(fa4.attention(q8, k, k, pack_gqa=pack), fa4.attention(q8, k, k))

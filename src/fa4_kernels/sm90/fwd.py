@@ -5,18 +5,18 @@ longest-processing-time order (``tile_scheduler.py``); the loads of the next til
 epilogue of the current one. Tiles are assigned statically without a mask (all equally long)
 and dynamically, through a global atomic counter, with causal/local masks.
 
-Roles (3 warpgroups, 384 threads):
+Roles (1 + 2 or 3 warpgroups: 384 or 512 threads; tile_m = 64 rows per consumer warpgroup):
   * warpgroup 0, warp 0: producer. Issues TMA loads of the Q tile and of a ring of K and V
     tiles (``num_stages`` deep, one mbarrier pipeline each for K and V), then idles. The whole
     warpgroup gives registers back with ``setmaxnreg``.
-  * warpgroups 1 and 2: consumers, 64 query rows each. ``S = Q @ K^T`` with both operands in
+  * warpgroups 1, 2 (and 3): consumers, 64 query rows each. ``S = Q @ K^T`` with both operands in
     shared memory, online softmax in fp32 with exp2, ``O += P @ V`` with P from registers.
 
 Overlap (FlashAttention-3):
   * inside a warpgroup, the ``Q @ K^T`` of block j-1 is issued together with the ``P @ V`` of
     block j, so the softmax of block j-1 runs while the tensor cores work;
-  * between the two warpgroups, a pair of named barriers orders GEMM issue so that one
-    warpgroup's softmax overlaps the other's GEMMs (ping-pong).
+  * between the consumer warpgroups, named barriers order GEMM issue round-robin so that one
+    warpgroup's softmax overlaps the others' GEMMs (ping-pong for two).
 
 Masking is applied only on boundary blocks: the last K block (seqlen_k tail, plus causal/local
 right edge), the causal/local diagonal blocks, and the blocks on a local window's left edge.
@@ -56,13 +56,13 @@ from fa4_kernels.tile_scheduler import (
 LOG2_E = 1.4426950408889634
 
 THREADS_PER_WG = 128
-NUM_CONSUMER_WG = 2
-# Register budget per thread after setmaxnreg: 24 * 128 + 240 * 256 <= 64K registers.
+ROWS_PER_WG = 64  # the WGMMA M size: each consumer warpgroup owns 64 rows of the tile
+# Register budget per thread after setmaxnreg, by number of consumer warpgroups:
+# 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 both fit the 64K registers of an SM.
 PRODUCER_REGS = 24
-CONSUMER_REGS = 240
+CONSUMER_REGS = {2: 240, 3: 160}
 SMEM_CAPACITY = 227 * 1024  # dynamic shared memory a block may opt into on sm_90
 STORE_WARP = 4  # first consumer warp: issues the TMA store of O
-HANDOFF_THREADS = THREADS_PER_WG * NUM_CONSUMER_WG + 32  # consumers + the producer warp
 
 
 def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
@@ -91,7 +91,7 @@ class FlashAttentionForwardSm90:
         softmax_before_pv_wait: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
-        assert tile_m == 64 * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 rows"
+        assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
         assert head_dim % 16 == 0 and head_dim_v % 16 == 0
         self.dtype = dtype
         self.head_dim = head_dim
@@ -104,7 +104,9 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.softmax_before_pv_wait = softmax_before_pv_wait
-        self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
+        self.num_consumer_wg = tile_m // ROWS_PER_WG
+        self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
+        self.handoff_threads = THREADS_PER_WG * self.num_consumer_wg + 32  # consumers + producer warp
         # Masked tiles and packed sequences differ in length: balance them dynamically.
         self.dynamic_schedule = is_causal or is_local or is_varlen
         elem = dtype.width // 8
@@ -112,21 +114,25 @@ class FlashAttentionForwardSm90:
             tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
         )
         self.o_aliases_q = smem_separate_o + 4096 > SMEM_CAPACITY
-        self.num_mma_threads = THREADS_PER_WG * NUM_CONSUMER_WG
+        self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
 
     # ------------------------------------------------------------------ host side
     def scheduler(self, mQ: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
-                  mCuSeqlensQ: cute.Tensor) -> StaticPersistentScheduler:
-        """mQ in the (seqlen, dim, head, batch) view."""
+                  mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32) -> StaticPersistentScheduler:
+        """mQ in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
+        pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
+        head index is the K/V head."""
+        block_rows = self.tile_m // pack_gqa
+        num_heads = cute.size(mQ.shape[2]) // pack_gqa
         if const_expr(self.is_varlen):
             return StaticPersistentScheduler(
-                cute.ceil_div(max_seqlen_q, self.tile_m), cute.size(mQ.shape[2]),
+                cute.ceil_div(max_seqlen_q, block_rows), num_heads,
                 cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1), self.is_causal or self.is_local,
-                self.tile_m, mCuSeqlensQ,
+                block_rows, mCuSeqlensQ, mSeqOrder,
             )
         return StaticPersistentScheduler(
-            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]),
-            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, self.tile_m,
+            cute.ceil_div(cute.size(mQ.shape[0]), block_rows), num_heads,
+            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, block_rows,
         )
 
     def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k):
@@ -146,7 +152,7 @@ class FlashAttentionForwardSm90:
             warpgroup.OperandMajorMode.K,
             warpgroup.OperandMajorMode.K,
             Float32,
-            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1),
+            atom_layout_mnk=(self.num_consumer_wg, 1, 1),
             tiler_mn=(64, self.tile_n),
         )
         pv = sm90_utils.make_trivial_tiled_mma(
@@ -155,7 +161,7 @@ class FlashAttentionForwardSm90:
             warpgroup.OperandMajorMode.K,
             warpgroup.OperandMajorMode.MN,
             Float32,
-            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1),
+            atom_layout_mnk=(self.num_consumer_wg, 1, 1),
             tiler_mn=(64, self.head_dim_v),
             a_source=warpgroup.OperandSource.RMEM,
         )
@@ -173,6 +179,7 @@ class FlashAttentionForwardSm90:
         mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32 row offsets into the packed q/out
         mCuSeqlensK: cute.Tensor,  # varlen: (batch + 1,) into the packed k/v
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
+        mSeqOrder: cute.Tensor,  # varlen: (batch,) permutation: sequences in scheduling order
         softmax_scale: Float32,
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
@@ -181,6 +188,7 @@ class FlashAttentionForwardSm90:
         num_sms: Int32,  # persistent grid size (a run-time fact: the build machine has no GPU)
         max_seqlen_q: Int32,  # varlen: the longest sequence (bounds the tile count)
         has_seqused_k: Int32,  # varlen: 1 when mSeqUsedK holds the key counts
+        pack_gqa: Int32,  # 1, or heads_q / heads_kv (a power of two <= 16): stack those heads in a tile
         stream: cuda.CUstream,
     ):
         """Dense: q (batch, seqlen_q, heads_q, head_dim) etc. Varlen: the same tensors with
@@ -202,6 +210,11 @@ class FlashAttentionForwardSm90:
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
         )
+        # Pack-GQA loads Q in 8-row pieces (one head's rows each) into the same buffer: an
+        # 8-row slice of sQ's layout (rows are the fastest mode of its swizzle atoms, so the
+        # slices are 1 KB apart and keep the swizzle phase).
+        sQ_rows8 = cute.composition(sQ_layout, cute.make_layout((8, self.head_dim), stride=(1, self.tile_m)))
+        tma_atom_Qc, tma_Qc = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_rows8, (8, self.head_dim))
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
             tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1
         )
@@ -231,7 +244,7 @@ class FlashAttentionForwardSm90:
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
             next_tile: cute.struct.MemRange[Int32, 1]
 
-        num_tiles = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ).num_tiles
+        num_tiles = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa).num_tiles
         grid = (cutlass.min(num_tiles, num_sms), 1, 1)
 
         if const_expr(self.has_softcap):
@@ -244,9 +257,9 @@ class FlashAttentionForwardSm90:
             scale_log2 = softmax_scale * LOG2_E
 
         self.kernel(
-            tma_Q, tma_K, tma_V, mO if const_expr(self.is_varlen) else tma_O, mLSE, mTileCounter,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, max_seqlen_q, has_seqused_k,
-            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mTileCounter,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, max_seqlen_q, has_seqused_k, pack_gqa,
+            tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -262,17 +275,22 @@ class FlashAttentionForwardSm90:
     def kernel(
         self,
         mQ: cute.Tensor,
+        mQc: cute.Tensor,
         mK: cute.Tensor,
         mV: cute.Tensor,
-        mO: cute.Tensor,
+        mO: cute.Tensor,  # plain (seqlen, dim, head, batch) tensor: row-by-row stores
+        tma_O: cute.Tensor,  # its TMA view: whole-tile stores
         mLSE: cute.Tensor,
         mTileCounter: cute.Tensor,
         mCuSeqlensQ: cute.Tensor,
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,
+        mSeqOrder: cute.Tensor,
         max_seqlen_q: Int32,
         has_seqused_k: Int32,
+        pack_gqa: Int32,
         tma_atom_Q: cute.CopyAtom,
+        tma_atom_Qc: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
         tma_atom_O: cute.CopyAtom,
@@ -292,7 +310,7 @@ class FlashAttentionForwardSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+            for atom in (tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
 
         smem = cutlass.utils.SmemAllocator()
@@ -329,14 +347,15 @@ class FlashAttentionForwardSm90:
         else:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
 
+        block_rows = self.tile_m // pack_gqa
         block_info = BlockInfo(
-            self.tile_m, self.tile_n, self.is_causal, self.is_local,
+            block_rows, self.tile_n, self.is_causal, self.is_local,
             window_left if const_expr(self.is_local) else None,
             window_right if const_expr(self.is_local) else None,
         )
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        scheduler = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ)
+        scheduler = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa)
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
         tile_slot = storage.next_tile.get_tensor(cute.make_layout(1))
 
@@ -344,31 +363,33 @@ class FlashAttentionForwardSm90:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
                 self.load(
-                    mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                    mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mTileCounter, tile_slot, seqlens,
+                    mTileCounter, tile_slot, seqlens, pack_gqa,
                 )
         else:
-            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
             self.consume(
-                mO, mLSE, sQ, sK, sV, sO, tma_atom_O,
+                mO, tma_O, mLSE, sQ, sK, sV, sO, tma_atom_O,
                 pipeline_q, pipeline_k, pipeline_v,
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
-                scheduler, seqlen_q, seqlen_k, tile_slot, seqlens,
+                scheduler, seqlen_q, seqlen_k, tile_slot, seqlens, pack_gqa,
             )
 
     @cute.jit
     def load(
         self,
         mQ: cute.Tensor,
+        mQc: cute.Tensor,
         mK: cute.Tensor,
         mV: cute.Tensor,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
+        tma_atom_Qc: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
         pipeline_q: pipeline.PipelineAsync,
@@ -381,6 +402,7 @@ class FlashAttentionForwardSm90:
         mTileCounter: cute.Tensor,
         tile_slot: cute.Tensor,
         seqlens,
+        pack_gqa: Int32,
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
@@ -389,7 +411,7 @@ class FlashAttentionForwardSm90:
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
-            head_idx_kv = head_idx // qhead_per_kvhead
+            head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
             gQ = cute.local_tile(self.tile_view(mQ, head_idx, batch_idx, seq.offset_q),
                                  (self.tile_m, self.head_dim), (m_block, 0))
             gK = cute.local_tile(self.tile_view(mK, head_idx_kv, batch_idx, seq.offset_k),
@@ -413,7 +435,25 @@ class FlashAttentionForwardSm90:
             cute.copy(tma_atom_K, tKgK[None, n_block_max - 1], tKsK[None, kv_state.index],
                       tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
             pipeline_q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            if pack_gqa == 1:
+                cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            else:
+                # Tile row r holds row m_block * block_rows + r % block_rows of query head
+                # head_idx * pack_gqa + r // block_rows: one 8-row TMA load per piece.
+                block_rows = self.tile_m // pack_gqa
+                for c in cutlass.range_constexpr(self.tile_m // 8):
+                    g = (c * 8) // block_rows
+                    first_row = m_block * block_rows + (c * 8) % block_rows
+                    gQc = cute.local_tile(
+                        self.tile_view(mQc, head_idx * pack_gqa + g, batch_idx, seq.offset_q),
+                        (8, self.head_dim), (first_row // 8, 0),
+                    )
+                    sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
+                    tQsQc, tQgQc = cpasync.tma_partition(
+                        tma_atom_Qc, 0, cute.make_layout(1), cute.group_modes(sQc, 0, 2),
+                        cute.group_modes(gQc, 0, 2),
+                    )
+                    cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
             # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
             # issue order (Q @ K^T of j-1 together with P @ V of j).
@@ -433,7 +473,7 @@ class FlashAttentionForwardSm90:
             kv_state.advance()
             if const_expr(self.dynamic_schedule):
                 tile = claim_next_tile(mTileCounter.iterator)
-                handoff_publish(tile_slot, tile, HANDOFF_THREADS, int(FwdBarrier.TILE_SLOT_FULL),
+                handoff_publish(tile_slot, tile, self.handoff_threads, int(FwdBarrier.TILE_SLOT_FULL),
                                 int(FwdBarrier.TILE_SLOT_EMPTY))
             else:
                 tile = scheduler.next_tile(tile)
@@ -443,6 +483,7 @@ class FlashAttentionForwardSm90:
     def consume(
         self,
         mO: cute.Tensor,
+        tma_O: cute.Tensor,
         mLSE: cute.Tensor,
         sQ: cute.Tensor,
         sK: cute.Tensor,
@@ -464,8 +505,10 @@ class FlashAttentionForwardSm90:
         seqlen_k: Int32,
         tile_slot: cute.Tensor,
         seqlens,
+        pack_gqa: Int32,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+        block_rows = self.tile_m // pack_gqa
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         # WGMMA operands in shared memory are described per warpgroup.
         wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * THREADS_PER_WG)
@@ -480,20 +523,20 @@ class FlashAttentionForwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
 
-        # The first warpgroup gets a head start on the ping-pong. Both warpgroups then do the
-        # same number of waits and signals per tile, so the pending signal carries over.
+        # The first warpgroup gets a head start in the round-robin. Every warpgroup then does
+        # the same number of waits and signals per tile, so the pending signal carries over.
         if wg_idx == 0:
             cute.arch.barrier_arrive(
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
         if const_expr(self.dynamic_schedule):  # the tile slot starts out free
-            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.TILE_SLOT_EMPTY), number_of_threads=HANDOFF_THREADS)
+            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.TILE_SLOT_EMPTY), number_of_threads=self.handoff_threads)
         tile = scheduler.first_tile()
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
-            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k,
+            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, block_rows,
                                  block_info.window_left, block_info.window_right)
             n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q, seq.seqlen_k, m_block)
             pipeline_q.consumer_wait(q_state)
@@ -549,13 +592,13 @@ class FlashAttentionForwardSm90:
 
             row_scale = softmax.finalize()
             softmax.rescale(acc_O, row_scale)
-            self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                          m_block, head_idx, batch_idx, seq)
+            self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
+                          m_block, head_idx, batch_idx, seq, pack_gqa)
             if const_expr(self.o_aliases_q):
                 pipeline_q.consumer_release(q_state)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
-                tile = handoff_receive(tile_slot, HANDOFF_THREADS, int(FwdBarrier.TILE_SLOT_FULL),
+                tile = handoff_receive(tile_slot, self.handoff_threads, int(FwdBarrier.TILE_SLOT_FULL),
                                        int(FwdBarrier.TILE_SLOT_EMPTY))
             else:
                 tile = scheduler.next_tile(tile)
@@ -659,8 +702,11 @@ class FlashAttentionForwardSm90:
     @cute.jit
     def scheduler_signal(self):
         wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] // THREADS_PER_WG) - 1)
+        nxt = wg + 1
+        if nxt == self.num_consumer_wg:
+            nxt = Int32(0)
         cute.arch.barrier_arrive(
-            barrier_id=int(FwdBarrier.WG_SCHEDULER) + 1 - wg, number_of_threads=2 * THREADS_PER_WG
+            barrier_id=int(FwdBarrier.WG_SCHEDULER) + nxt, number_of_threads=2 * THREADS_PER_WG
         )
 
     @cute.jit
@@ -669,6 +715,7 @@ class FlashAttentionForwardSm90:
         acc_O: cute.Tensor,
         lse: cute.Tensor,
         mO: cute.Tensor,
+        tma_O: cute.Tensor,
         mLSE: cute.Tensor,
         sO: cute.Tensor,
         tma_atom_O: cute.CopyAtom,
@@ -678,8 +725,10 @@ class FlashAttentionForwardSm90:
         head_idx: Int32,
         batch_idx: Int32,
         seq: SeqlenInfo,
+        pack_gqa: Int32,
     ):
         is_store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP
+        block_rows = self.tile_m // pack_gqa
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         # The previous tile's TMA store must have read sO (the storing warp waits for it), and when
@@ -693,49 +742,62 @@ class FlashAttentionForwardSm90:
         ).get_slice(tidx)
         cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO))
 
-        # LSE straight from registers: the thread holding column 0 of a row writes it.
+        # LSE straight from registers: the thread holding column 0 of a row writes it. Tile row r
+        # is row m_block * block_rows + r % block_rows of query head head_idx * pack_gqa +
+        # r // block_rows (pack_gqa = 1: the tile's own head).
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
-        if const_expr(self.is_varlen):
-            mLSE_cur = cute.domain_offset((seq.offset_q,), mLSE[None, head_idx, 0])
-        else:
-            mLSE_cur = mLSE[None, head_idx, batch_idx]
         if tOcO[0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
-                row = m_block * self.tile_m + tOcO[r, 0][0]
+                tile_row = tOcO[r, 0][0]
+                g = tile_row // block_rows
+                row = m_block * block_rows + tile_row - g * block_rows
                 if row < seq.seqlen_q:
-                    mLSE_cur[row] = lse[r]
+                    if const_expr(self.is_varlen):
+                        mLSE[seq.offset_q + row, head_idx * pack_gqa + g, 0] = lse[r]
+                    else:
+                        mLSE[row, head_idx * pack_gqa + g, batch_idx] = lse[r]
 
         if const_expr(self.is_varlen):
             # Packed sequences: a TMA store of the whole tile would overwrite the next sequence's
             # rows, so every thread copies whole rows of sO out, predicated on the row.
             cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=self.num_mma_threads)
-            self.store_rows(sO, self.tile_view(mO, head_idx, batch_idx, seq.offset_q), tidx, m_block, seq.seqlen_q)
+            self.store_rows(sO, mO, tidx, m_block, head_idx, batch_idx, seq, pack_gqa)
         else:
-            # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile; it
-            # waits for the store's reads only before sO is next written (or at exit).
-            cute.arch.fence_view_async_shared()
-            ready = self.num_mma_threads + cute.arch.WARP_SIZE
-            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-            if is_store_warp:
-                cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-                gO = cute.local_tile(mO[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v), (m_block, 0))
-                tOsO, tOgO = cpasync.tma_partition(
-                    tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
-                )
-                cute.copy(tma_atom_O, tOsO, tOgO)
-                cute.arch.cp_async_bulk_commit_group()
+            if pack_gqa == 1:
+                # Make the stmatrix writes visible to the TMA engine, then one warp stores the
+                # tile; it waits for the store's reads only before sO is next written (or at exit).
+                cute.arch.fence_view_async_shared()
+                ready = self.num_mma_threads + cute.arch.WARP_SIZE
+                cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+                if is_store_warp:
+                    cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+                    gO = cute.local_tile(tma_O[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v),
+                                         (m_block, 0))
+                    tOsO, tOgO = cpasync.tma_partition(
+                        tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
+                    )
+                    cute.copy(tma_atom_O, tOsO, tOgO)
+                    cute.arch.cp_async_bulk_commit_group()
+            else:
+                # Pack-GQA: the tile's rows belong to several heads; store them row by row.
+                cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=self.num_mma_threads)
+                self.store_rows(sO, mO, tidx, m_block, head_idx, batch_idx, seq, pack_gqa)
 
     @cute.jit
-    def store_rows(self, sO: cute.Tensor, mO_seq: cute.Tensor, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+    def store_rows(self, sO: cute.Tensor, mO: cute.Tensor, tidx: Int32, m_block: Int32, head_idx: Int32,
+                   batch_idx: Int32, seq: SeqlenInfo, pack_gqa: Int32):
         """Row-predicated copy of the O tile from shared to global memory in 16-byte pieces.
 
         A row is head_dim_v / 8 pieces (12 for 96): the copy uses as many threads as fill a
-        power-of-two number of rows (which divides tile_m) and leaves the rest idle.
+        power-of-two number of rows (which divides tile_m) and leaves the rest idle. Tile row r
+        goes to row m_block * block_rows + r % block_rows of query head
+        head_idx * pack_gqa + r // block_rows.
         """
         elems = 128 // self.dtype.width
         threads_per_row = self.head_dim_v // elems
         rows_per_pass = 1 << ((self.num_mma_threads // threads_per_row).bit_length() - 1)
+        block_rows = self.tile_m // pack_gqa
         copy = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
             cute.make_ordered_layout((rows_per_pass, threads_per_row), order=(1, 0)),
@@ -743,12 +805,20 @@ class FlashAttentionForwardSm90:
         )
         if tidx < rows_per_pass * threads_per_row:
             thr_copy = copy.get_slice(tidx)
-            gO = cute.local_tile(mO_seq, (self.tile_m, self.head_dim_v), (m_block, 0))
             tOsO = thr_copy.partition_S(sO)
-            tOgO = thr_copy.partition_D(gO)
             tOcO = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim_v)))
             tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if tOcO[0, m, 0][0] < seqlen_q - m_block * self.tile_m:
+                tile_row = tOcO[0, m, 0][0]
+                g = tile_row // block_rows
+                # A (tile_m, dv) window of head g's rows placed so that tile row tile_row lands
+                # on its sequence row (its start may lie before row 0: only row tile_row is written).
+                first = m_block * block_rows - g * block_rows
+                gO = cute.local_tile(
+                    cute.domain_offset((first, 0), self.tile_view(mO, head_idx * pack_gqa + g, batch_idx, seq.offset_q)),
+                    (self.tile_m, self.head_dim_v), (0, 0),
+                )
+                tOgO = thr_copy.partition_D(gO)
+                if first + tile_row < seq.seqlen_q:
                     cute.autovec_copy(tOrO[None, m, None], tOgO[None, m, None])
