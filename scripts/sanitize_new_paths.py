@@ -1,0 +1,28 @@
+"""Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
+three consumer warpgroups (hd64), pack-GQA (dense and varlen), dynamic scheduling.
+
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_new_paths.py
+"""
+import torch
+
+import fa4
+
+torch.manual_seed(0)
+dev, bf16 = "cuda", torch.bfloat16
+# hd64: 192-row tiles, 3 consumer warpgroups, causal (dynamic scheduler) and not (static).
+q, k, v = (torch.randn(2, 500, 4, 64, device=dev, dtype=bf16) for _ in range(3))
+for causal in (False, True):
+    fa4.attention(q, k, v, causal=causal)
+# pack-GQA, dense: 8 query heads on 2 K/V heads, short queries, causal.
+q = torch.randn(2, 37, 8, 128, device=dev, dtype=bf16)
+k, v = (torch.randn(2, 300, 2, 128, device=dev, dtype=bf16) for _ in range(2))
+fa4.attention(q, k, v, causal=True, pack_gqa=True)
+fa4.attention(q, k, v, pack_gqa=True)
+# pack-GQA, varlen, documents scheduled longest first.
+lens = [5, 0, 200, 31, 140]
+cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+q = torch.randn(sum(lens), 8, 128, device=dev, dtype=bf16)
+k, v = (torch.randn(sum(lens), 2, 128, device=dev, dtype=bf16) for _ in range(2))
+fa4.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, pack_gqa=True)
+torch.cuda.synchronize()
+print("done")
