@@ -758,31 +758,30 @@ class FlashAttentionForwardSm90:
                     else:
                         mLSE[row, head_idx * pack_gqa + g, batch_idx] = lse[r]
 
+        # One TMA store for a tile whose rows all belong to its own head and sequence; row by
+        # row otherwise (pack-GQA, or a packed sequence's last tile, where a whole-tile store
+        # would overwrite the next sequence's rows).
+        whole_tile = pack_gqa == 1
         if const_expr(self.is_varlen):
-            # Packed sequences: a TMA store of the whole tile would overwrite the next sequence's
-            # rows, so every thread copies whole rows of sO out, predicated on the row.
+            whole_tile = whole_tile and (m_block + 1) * self.tile_m <= seq.seqlen_q
+        if whole_tile:
+            # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile;
+            # it waits for the store's reads only before sO is next written (or at exit).
+            cute.arch.fence_view_async_shared()
+            ready = self.num_mma_threads + cute.arch.WARP_SIZE
+            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+            if is_store_warp:
+                cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
+                gO = cute.local_tile(self.tile_view(tma_O, head_idx, batch_idx, seq.offset_q),
+                                     (self.tile_m, self.head_dim_v), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(
+                    tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
+                )
+                cute.copy(tma_atom_O, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+        else:
             cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=self.num_mma_threads)
             self.store_rows(sO, mO, tidx, m_block, head_idx, batch_idx, seq, pack_gqa)
-        else:
-            if pack_gqa == 1:
-                # Make the stmatrix writes visible to the TMA engine, then one warp stores the
-                # tile; it waits for the store's reads only before sO is next written (or at exit).
-                cute.arch.fence_view_async_shared()
-                ready = self.num_mma_threads + cute.arch.WARP_SIZE
-                cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-                if is_store_warp:
-                    cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-                    gO = cute.local_tile(tma_O[None, None, head_idx, batch_idx], (self.tile_m, self.head_dim_v),
-                                         (m_block, 0))
-                    tOsO, tOgO = cpasync.tma_partition(
-                        tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
-                    )
-                    cute.copy(tma_atom_O, tOsO, tOgO)
-                    cute.arch.cp_async_bulk_commit_group()
-            else:
-                # Pack-GQA: the tile's rows belong to several heads; store them row by row.
-                cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=self.num_mma_threads)
-                self.store_rows(sO, mO, tidx, m_block, head_idx, batch_idx, seq, pack_gqa)
 
     @cute.jit
     def store_rows(self, sO: cute.Tensor, mO: cute.Tensor, tidx: Int32, m_block: Int32, head_idx: Int32,
