@@ -106,6 +106,14 @@ def grid_size(num_sms: int, mask: str, persistent_override: bool | None = None) 
     return num_sms if persistent_override in (None, True) else (1 << 31) - 1
 
 
+PACKABLE_GROUPS = (2, 4, 8, 16)  # query heads per K/V head that pack-GQA can stack in a tile
+
+
+def _stacks(group: int, tile_m: int) -> bool:
+    """Each head's share of a tile is loaded in 8-row pieces."""
+    return tile_m % group == 0 and (tile_m // group) % 8 == 0
+
+
 def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, override: bool | None = None) -> int:
     """Query heads stacked in one tile (1: none). Pack-GQA puts the heads_q / heads_kv query
     heads that share a K/V head into the rows of one tile (tile_m / factor rows of each), so a
@@ -117,11 +125,10 @@ def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, ove
     hd64 tiles: up to 8).
     """
     group = heads_q // max(heads_kv, 1)
-    packable = group in (2, 4, 8, 16) and heads_q == group * heads_kv
-    # Each head's share of the tile is loaded in 8-row pieces.
-    stackable = packable and tile_m % group == 0 and (tile_m // group) % 8 == 0
+    packable = group in PACKABLE_GROUPS and heads_q == group * heads_kv
+    stackable = packable and _stacks(group, tile_m)
     if override is True and packable and not stackable:
-        most = max(g for g in (1, 2, 4, 8, 16) if tile_m % g == 0 and (tile_m // g) % 8 == 0)
+        most = max(g for g in (1,) + PACKABLE_GROUPS if _stacks(g, tile_m))
         raise ValueError(f"pack_gqa=True: this head_dim's {tile_m}-row tiles stack at most {most} heads "
                          f"(in 8-row pieces), not {group}; use pack_gqa=None or False")
     if override is False or not stackable:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from fa4.heuristics import PACKABLE_GROUPS
+
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -46,9 +48,6 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                 f"{name} must be contiguous in its last dimension (stride(-1) == 1); got strides "
                 f"{tuple(t.stride())}. Call .contiguous() on it first."
             )
-
-
-PACKABLE_GROUPS = (2, 4, 8, 16)  # query heads per K/V head that pack-GQA can stack in a tile
 
 
 def check_scalars(softmax_scale: float, softcap: float) -> None:
