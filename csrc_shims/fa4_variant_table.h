@@ -19,6 +19,7 @@ typedef struct {
   const char *name;
   int32_t cc_major, cc_minor;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
+  int32_t tile_m; /* query rows per tile: pack-GQA needs tile_m / pack_gqa a multiple of 8 */
   fa4_init_fn init;  /* registers the embedded cubin with the runtime (once per process) */
   fa4_load_fn load;  /* prepares it on one device (once per device) */
   fa4_fwd_fn fwd;

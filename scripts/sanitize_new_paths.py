@@ -1,5 +1,7 @@
 """Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
-three consumer warpgroups (hd64), pack-GQA (dense and varlen), dynamic scheduling.
+three consumer warpgroups (hd64), pack-GQA (dense and varlen), dynamic scheduling with the
+mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
+shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256).
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_new_paths.py
 """
@@ -24,5 +26,15 @@ cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32
 q = torch.randn(sum(lens), 8, 128, device=dev, dtype=bf16)
 k, v = (torch.randn(sum(lens), 2, 128, device=dev, dtype=bf16) for _ in range(2))
 fa4.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, pack_gqa=True)
+# More tiles than SMs (each CTA takes several through the hand-off ring), shifted causal tiles.
+q, k, v = (torch.randn(4, 1000, 8, 128, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v, causal=True)
+fa4.attention(q, k, v, window=(100, 20))
+# Varlen without pack-GQA: shifted first tiles, rows above a document's start not stored.
+q, k, v = (torch.randn(sum(lens), 2, 128, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+# hd256: O staged in Q's buffer, whole-tile epilogue, shifted.
+q, k, v = (torch.randn(1, 300, 2, 256, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v, causal=True)
 torch.cuda.synchronize()
 print("done")

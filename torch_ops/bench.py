@@ -136,6 +136,16 @@ def bench_gqa_decode(args, dtype):
         print(f"seqlen_q={sq:3d}  " + "  ".join(cells), flush=True)
 
 
+def bench_gemm_ceiling(args, dtype) -> None:
+    """Dense GEMM (cuBLAS through torch.matmul) in the same run: the tensor-core throughput an
+    attention kernel, two GEMMs plus a softmax per block, cannot exceed."""
+    print("\ndense GEMM ceiling (torch.matmul, same run):")
+    for n in (4096, 8192):
+        a = [torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(3)]
+        ms = time_ms(lambda i: a[i % 3] @ a[(i + 1) % 3], args.warmup, args.iters)
+        print(f"  {n}x{n}x{n}: {2 * n ** 3 / (ms * 1e-3) / 1e12:6.1f} TFLOP/s", flush=True)
+
+
 def host_overhead_us(causal: bool, calls: int = 200) -> float:
     """CPU time per fa4.attention call on a tiny problem (launches queued, no sync in between):
     the floor under which GPU time per call stops mattering."""
@@ -169,6 +179,7 @@ def main(argv=None):
                     help="also time attention_varlen on this many random-length documents per batch")
     ap.add_argument("--gqa-decode", action="store_true",
                     help="also time short-query GQA against a long KV cache, pack-GQA on and off")
+    ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
     args = ap.parse_args(argv)
@@ -212,6 +223,8 @@ def main(argv=None):
         bench_varlen(args, dtype)
     if args.gqa_decode:
         bench_gqa_decode(args, dtype)
+    if args.gemm:
+        bench_gemm_ceiling(args, dtype)
     peers = [n for n in ("cuDNN", "FA2", "Flex") if n in names and "fa4" in names]
     header = "| head_dim | seqlen | causal | " + " | ".join(names) + "".join(f" | fa4/{p}" for p in peers) + " |"
     print("\n" + header)

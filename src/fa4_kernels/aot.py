@@ -83,7 +83,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         dtype, key.head_dim, key.head_dim_v,
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
-        softmax_before_pv_wait=cfg.softmax_before_pv_wait,
+        pv_wait=cfg.pv_wait,
     )
 
     def bshd(dim):
@@ -227,7 +227,8 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                               p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
                               p->pack_gqa, stream);
 }}""")
-        rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {n}_init, {n}_load, {n}_fwd}},')
+        tile_m = heuristics.fwd_config(key).tile_m
+        rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {tile_m}, {n}_init, {n}_load, {n}_fwd}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows
     out.append("};")

@@ -57,3 +57,55 @@ class BlockInfo:
             return n_block_min
         last_row_left = (m_block + 1) * self.block_rows - 1 + seqlen_k - seqlen_q - self.window_left
         return cutlass.max(n_block_min, cute.ceil_div(cutlass.max(last_row_left, 0), self.tile_n))
+
+
+@dataclass(frozen=True)
+class TileRows:
+    """Which query head and sequence row each row of a query tile holds.
+
+    One head per tile (pack_gqa = 1): tile row r is row first_row + r of the tile's head, with
+    first_row = m_block * tile_m - shift (see ``row_shift``: rows above row 0 are loaded as
+    zeros, masked, and never stored).
+    Pack-GQA: the tile stacks block_rows = tile_m / pack_gqa rows of each of the pack_gqa query
+    heads sharing the scheduler's (K/V) head: tile row r is row first_row + r % block_rows of
+    query head head_idx * pack_gqa + r // block_rows, first_row = m_block * block_rows.
+    """
+    tile_m: cutlass.Constexpr[int]
+    pack_gqa: Int32
+    first_row: Int32  # sequence row of tile row 0 (negative when shifted)
+    head_idx: Int32  # the scheduler's head: the K/V head when packed
+
+    @property
+    def block_rows(self):
+        # Recomputed where used rather than kept: one register less across the K/V loop.
+        return block_rows(self.tile_m, self.pack_gqa)
+
+    def head(self, tile_row):
+        return self.head_idx * self.pack_gqa + tile_row // self.block_rows
+
+    def row(self, tile_row):
+        return self.first_row + tile_row % self.block_rows
+
+
+def block_rows(tile_m: int, pack_gqa):
+    """Sequence rows of one head in a tile."""
+    return tile_m // pack_gqa
+
+
+@cute.jit
+def row_shift(tile_m: cutlass.Constexpr[int], pack_gqa: Int32, seqlen_q: Int32,
+              partial_tile_first: cutlass.Constexpr[bool]) -> Int32:
+    """Rows the first tile of a sequence starts above its row 0.
+
+    ``partial_tile_first`` (causal/local masks): the last tile of a sequence sees every key and
+    the first the fewest, so the sequence's partial tile goes first, where it is cheap: tiles
+    start shift = (-seqlen_q) mod tile_m rows above row 0 (the tile count is unchanged). hd64's
+    192-row tiles at seqlen 1024 do a sixth less work. K/V block ranges then see a sequence of
+    seqlen_q + shift rows, which keeps their bottom-right alignment. Not with pack-GQA, whose
+    8-row Q pieces need aligned rows.
+    """
+    shift = Int32(0)
+    if const_expr(partial_tile_first):
+        if pack_gqa == 1:
+            shift = (tile_m - seqlen_q % tile_m) % tile_m
+    return shift

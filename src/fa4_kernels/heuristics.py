@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fa4_kernels.catalog import VariantKey
 
 SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
+PV_WAITS = ("row_max", "first_exps", "softmax")
 
 
 @dataclass(frozen=True)
@@ -17,12 +18,16 @@ class FwdConfig:
     tile_m: int
     tile_n: int
     num_stages: int
-    # Finish the softmax of block j before waiting for P @ V of block j+1 (see
-    # FlashAttentionForwardSm90.overlapped_step). Pays off when P @ V is long next to the
-    # softmax (head_dim_v > 128); with hd64/hd128 the early wait lets ptxas interleave the O
-    # rescale with the exponentials, which measured faster (H200, bf16, 16k tokens:
-    # hd256 16k 656 -> 694 TFLOP/s, hd128 16k 636 -> 610, same run).
-    softmax_before_pv_wait: bool = False
+    # Where the wait for P @ V of block j+1 goes in the softmax of block j (see
+    # FlashAttentionForwardSm90.overlapped_step): "row_max" wherever ptxas puts it (in practice
+    # right after the row max, before any exponential, or after a few of them, depending on
+    # unrelated code), "first_exps" pinned after a few exponentials (upstream FA4's placement),
+    # "softmax" after all of them. Measured, bf16, 16k tokens, same runs (docs/perf_notes.md):
+    # hd128 "first_exps" vs "row_max" on an H100: non-causal 1k/4k/16k 601/682/659 -> 623/717/712
+    # TFLOP/s, causal unchanged to +1%; hd64 causal 4k/16k 501/540 -> 514/559, hd64 without a
+    # mask 445/547/561 -> 430/533/545 (so it keeps "row_max"); "softmax" pays off when P @ V is
+    # long next to the softmax (head_dim_v > 128: hd256 16k 656 -> 694 on an H200).
+    pv_wait: str = "first_exps"
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_or_o = self.tile_m * max(head_dim, head_dim_v)
@@ -39,7 +44,10 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
         # are short next to its softmax, and a third warpgroup keeps the tensor cores fed.
-        cfg = FwdConfig(tile_m=192, tile_n=128, num_stages=2)
+        # Pinning the P @ V wait pays off with a mask; with softcap as well it spills some of the
+        # 160-register consumers (the predicate keeps early probabilities live).
+        cfg = FwdConfig(tile_m=192, tile_n=128, num_stages=2,
+                        pv_wait="first_exps" if key.mask != "none" and not key.softcap else "row_max")
     elif key.head_dim <= 128:
         # FlashAttention-3 takes tile_n 176 for hd128 without a mask; here that forces O into
         # Q's staging buffer (no Q prefetch during the epilogue) and measured slower on an H200
@@ -48,11 +56,12 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     elif key.head_dim <= 192:
         # O takes 64 (dv 128) or 96 (dv 192) registers; 112 columns of S keep dv 192 in budget.
         cfg = FwdConfig(tile_m=128, tile_n=128 if key.head_dim_v <= 128 else 112, num_stages=2,
-                        softmax_before_pv_wait=key.head_dim_v > 128)
+                        pv_wait="softmax" if key.head_dim_v > 128 else "first_exps")
     elif key.head_dim <= 256:
         # O alone is 128 registers per thread; 2 stages of 80-row K/V tiles fill shared memory.
-        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2, softmax_before_pv_wait=True)
+        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2, pv_wait="softmax")
     else:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
+    assert cfg.pv_wait in PV_WAITS
     return cfg

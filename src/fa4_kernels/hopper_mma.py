@@ -7,9 +7,10 @@ it as an A-operand fragment ((2, 2, 2), MMA_M, (N/16, MMA_N)). Both are pure rel
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.nvgpu import warpgroup
+
+from fa4_kernels.ptx import i32_asm
 
 
 def acc_rows_cols_layout(acc_layout: cute.Layout) -> cute.Layout:
@@ -94,15 +95,6 @@ def always_one_after(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
     The all-ones bit pattern is a NaN no arithmetic produces (GPUs return the canonical NaN
     0x7fffffff), so the result is always 1, which ptxas cannot know.
     """
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-            "{\n.reg .pred p;\nsetp.ne.b32 p, $1, -1;\nsetp.ne.and.b32 p, $2, -1, p;\n"
-            "selp.u32 $0, 1, 0, p;\n}",
-            "=r,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return i32_asm("{\n.reg .pred p;\nsetp.ne.b32 p, $1, -1;\nsetp.ne.and.b32 p, $2, -1, p;\n"
+                   "selp.u32 $0, 1, 0, p;\n}",
+                   "=r,f,f", (Float32(a), Float32(b)), loc=loc, ip=ip)

@@ -5,10 +5,10 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 
 from fa4_kernels.hopper_mma import rows_cols_view
+from fa4_kernels.ptx import f32_asm
 
 
 @dsl_user_op
@@ -19,36 +19,16 @@ def neg_inf_unless_below(x: Float32, col: int, limit: Int32, *, loc=None, ip=Non
     reduction that follows and unrolls it into a cascade of ~16 selects per element (1,000+
     FSEL per masked tile on hd128).
     """
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(x).ir_value(loc=loc, ip=ip), Int32(col).ir_value(loc=loc, ip=ip),
-             Int32(limit).ir_value(loc=loc, ip=ip)],
-            "{\n.reg .pred p;\nsetp.lt.s32 p, $2, $3;\nselp.f32 $0, $1, 0fFF800000, p;\n}",
-            "=f,f,r,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return f32_asm("{\n.reg .pred p;\nsetp.lt.s32 p, $2, $3;\nselp.f32 $0, $1, 0fFF800000, p;\n}",
+                   "=f,f,r,r", (Float32(x), Int32(col), Int32(limit)), loc=loc, ip=ip)
 
 
 @dsl_user_op
 def neg_inf_unless_between(x: Float32, col: int, low: Int32, limit: Int32, *, loc=None, ip=None) -> Float32:
     """``x if low <= col < limit else -inf`` (see ``neg_inf_unless_below``)."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(x).ir_value(loc=loc, ip=ip), Int32(col).ir_value(loc=loc, ip=ip),
-             Int32(low).ir_value(loc=loc, ip=ip), Int32(limit).ir_value(loc=loc, ip=ip)],
-            "{\n.reg .pred p;\nsetp.lt.s32 p, $2, $4;\nsetp.ge.and.s32 p, $2, $3, p;\n"
-            "selp.f32 $0, $1, 0fFF800000, p;\n}",
-            "=f,f,r,r,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return f32_asm("{\n.reg .pred p;\nsetp.lt.s32 p, $2, $4;\nsetp.ge.and.s32 p, $2, $3, p;\n"
+                   "selp.f32 $0, $1, 0fFF800000, p;\n}",
+                   "=f,f,r,r,r", (Float32(x), Int32(col), Int32(low), Int32(limit)), loc=loc, ip=ip)
 
 
 @dataclass(frozen=True)
@@ -66,7 +46,7 @@ class AttentionMask:
         self,
         acc_S: cute.Tensor,
         thr_mma: cute.ThrMma,
-        m_block: Int32,
+        first_row: Int32,  # sequence row of tile row 0 (TileRows.first_row)
         n_block: Int32,
         mask_seqlen: cutlass.Constexpr[bool],
         mask_causal: cutlass.Constexpr[bool],
@@ -90,7 +70,7 @@ class AttentionMask:
         else:
             # col_limit_right - row index: first key index (relative to this thread's first
             # column of the block) that row 0 of the tile may not see.
-            diag = self.seqlen_k - self.seqlen_q - n_block * self.tile_n - col_offset + m_block * self.block_rows
+            diag = self.seqlen_k - self.seqlen_q - n_block * self.tile_n - col_offset + first_row
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                 # Tile row -> row of its head's sequence (pack-GQA stacks heads block_rows apart).
                 row = tScS[r, 0][0] % self.block_rows

@@ -4,8 +4,8 @@ Two ways to walk the order below: static (fixed snake assignment, no communicati
 when all tiles are equally long) and dynamic (each CTA takes the next unclaimed tile from a
 global atomic counter when it starts its current one, so long and short tiles balance out
 across SMs: causal/local masks). In the dynamic mode the producer warp claims the next tile
-and hands it to the consumer warpgroups through a shared-memory slot guarded by two named
-barriers (``handoff_*`` below).
+and hands it to the consumer warps through a small ring of shared-memory slots guarded by
+mbarriers (``handoff_*`` below).
 
 Static mode: the grid has at most one CTA per SM and walks one global tile order in rounds of ``grid``
 tiles; in round r CTA c takes tile r * grid + c when r is even and r * grid + grid - 1 - c when
@@ -125,21 +125,40 @@ def claim_next_tile(counter_ptr: cute.Pointer) -> Int32:
     return cute.arch.shuffle_sync(nxt, 0)
 
 
+# Dynamic mode hand-off: a ring of HANDOFF_SLOTS tile indices in shared memory, each guarded by a
+# "full" mbarrier (the producer warp's lane 0 arrives once it wrote the slot) and an "empty" one
+# (every consumer thread arrives once it read the slot, so each read is ordered before the next
+# write by the reader's own arrive). mbarriers, not named barriers: a named barrier would make
+# every consumer warpgroup meet the others at each tile boundary, and the warpgroups run half a
+# block apart (ping-pong), so meeting stalls the one ahead.
+HANDOFF_SLOTS = 2
+
+
 @cute.jit
-def handoff_publish(slot: cute.Tensor, tile: Int32, num_threads: cutlass.Constexpr[int],
-                    full_id: cutlass.Constexpr[int], empty_id: cutlass.Constexpr[int]):
-    """Producer warp: wait until the consumers have read the slot, write ``tile``, signal."""
-    cute.arch.barrier(barrier_id=empty_id, number_of_threads=num_threads)
+def handoff_init(mbar: cute.Pointer, num_consumer_threads: cutlass.Constexpr[int]):
+    """One thread, before the CTA-wide barrier that follows mbarrier initialisation."""
+    for i in cutlass.range_constexpr(HANDOFF_SLOTS):
+        cute.arch.mbarrier_init(mbar + i, 1)
+        cute.arch.mbarrier_init(mbar + HANDOFF_SLOTS + i, num_consumer_threads)
+
+
+@cute.jit
+def handoff_publish(slots: cute.Tensor, mbar: cute.Pointer, count: Int32, tile: Int32):
+    """Producer warp: publish ``tile`` as hand-off number ``count`` (0, 1, 2, ...)."""
+    idx = count % HANDOFF_SLOTS
+    # A fresh mbarrier counts its (nonexistent) previous phase as complete: the first round
+    # of slots is free without any consumer arrival.
+    cute.arch.mbarrier_wait(mbar + HANDOFF_SLOTS + idx, ((count // HANDOFF_SLOTS) % 2) ^ 1)
     if cute.arch.lane_idx() == 0:
-        slot[0] = tile
-    cute.arch.barrier_arrive(barrier_id=full_id, number_of_threads=num_threads)
+        slots[idx] = tile
+        cute.arch.mbarrier_arrive(mbar + idx)  # release: the slot write is visible to the waiters
 
 
 @cute.jit
-def handoff_receive(slot: cute.Tensor, num_threads: cutlass.Constexpr[int],
-                    full_id: cutlass.Constexpr[int], empty_id: cutlass.Constexpr[int]) -> Int32:
-    """Consumers: wait for the published tile, read it, free the slot."""
-    cute.arch.barrier(barrier_id=full_id, number_of_threads=num_threads)
-    tile = slot[0]
-    cute.arch.barrier_arrive(barrier_id=empty_id, number_of_threads=num_threads)
+def handoff_receive(slots: cute.Tensor, mbar: cute.Pointer, count: Int32) -> Int32:
+    """Every consumer thread: the tile of hand-off number ``count``; frees the slot."""
+    idx = count % HANDOFF_SLOTS
+    cute.arch.mbarrier_wait(mbar + idx, (count // HANDOFF_SLOTS) % 2)
+    tile = slots[idx]
+    cute.arch.mbarrier_arrive(mbar + HANDOFF_SLOTS + idx)
     return tile

@@ -18,6 +18,11 @@ Overlap (FlashAttention-3):
   * between the consumer warpgroups, named barriers order GEMM issue round-robin so that one
     warpgroup's softmax overlaps the others' GEMMs (ping-pong for two).
 
+Tile boundaries: each consumer warpgroup stages and stores its own 64 rows of O (when O has
+its own shared-memory buffer) and, with dynamic scheduling, receives the next tile index through
+mbarriers, so the warpgroups never wait for each other between tiles. With causal/local masks a
+sequence's partial tile is its first (cheapest) one, not its last (see ``block_info.row_shift``).
+
 Masking is applied only on boundary blocks: the last K block (seqlen_k tail, plus causal/local
 right edge), the causal/local diagonal blocks, and the blocks on a local window's left edge.
 Blocks entirely outside the mask are never loaded.
@@ -33,7 +38,8 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
-from fa4_kernels.block_info import BlockInfo
+from fa4_kernels.block_info import BlockInfo, TileRows, block_rows, row_shift
+from fa4_kernels.heuristics import SMEM_LIMIT_SM90
 from fa4_kernels.hopper_mma import (
     acc_as_operand_a,
     always_one_after,
@@ -44,11 +50,14 @@ from fa4_kernels.hopper_mma import (
 )
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
+from fa4_kernels.ptx import loop_bound_zero
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.tile_scheduler import (
     StaticPersistentScheduler,
+    HANDOFF_SLOTS,
     claim_next_tile,
+    handoff_init,
     handoff_publish,
     handoff_receive,
 )
@@ -61,8 +70,8 @@ ROWS_PER_WG = 64  # the WGMMA M size: each consumer warpgroup owns 64 rows of th
 # 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 both fit the 64K registers of an SM.
 PRODUCER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}
-SMEM_CAPACITY = 227 * 1024  # dynamic shared memory a block may opt into on sm_90
-STORE_WARP = 4  # first consumer warp: issues the TMA store of O
+STORE_WARP = 4  # first consumer warp: issues the TMA store of a whole O tile
+PV_WAIT_AFTER_EXP = 3  # pv_wait "first_exps": the P @ V wait follows row 0's 4th exponential
 
 
 def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
@@ -88,7 +97,8 @@ class FlashAttentionForwardSm90:
         tile_n: int,
         num_stages: int,
         is_varlen: bool = False,
-        softmax_before_pv_wait: bool = False,
+        pv_wait: str = "first_exps",
+        wg_epilogue: Optional[bool] = None,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -103,17 +113,22 @@ class FlashAttentionForwardSm90:
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
-        self.softmax_before_pv_wait = softmax_before_pv_wait
+        self.pv_wait = pv_wait
         self.num_consumer_wg = tile_m // ROWS_PER_WG
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
-        self.handoff_threads = THREADS_PER_WG * self.num_consumer_wg + 32  # consumers + producer warp
         # Masked tiles and packed sequences differ in length: balance them dynamically.
         self.dynamic_schedule = is_causal or is_local or is_varlen
         elem = dtype.width // 8
         smem_separate_o = elem * (
             tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
         )
-        self.o_aliases_q = smem_separate_o + 4096 > SMEM_CAPACITY
+        self.o_aliases_q = smem_separate_o + 4096 > SMEM_LIMIT_SM90
+        # Each consumer warpgroup stages and stores its own 64 rows of O, synchronising only its
+        # own warps, so the warpgroups never meet at a tile boundary and the one ahead in the
+        # ping-pong starts the next tile while the other finishes. Not when O shares Q's buffer:
+        # a warpgroup's O rows would overwrite Q rows another warpgroup may still be reading.
+        self.wg_epilogue = (not self.o_aliases_q) if wg_epilogue is None else wg_epilogue
+        assert not (self.wg_epilogue and self.o_aliases_q)
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
 
     # ------------------------------------------------------------------ host side
@@ -122,22 +137,28 @@ class FlashAttentionForwardSm90:
         """mQ in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
         pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
         head index is the K/V head."""
-        block_rows = self.tile_m // pack_gqa
+        rows = block_rows(self.tile_m, pack_gqa)
         num_heads = cute.size(mQ.shape[2]) // pack_gqa
         if const_expr(self.is_varlen):
             return StaticPersistentScheduler(
-                cute.ceil_div(max_seqlen_q, block_rows), num_heads,
+                cute.ceil_div(max_seqlen_q, rows), num_heads,
                 cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1), self.is_causal or self.is_local,
-                block_rows, mCuSeqlensQ, mSeqOrder,
+                rows, mCuSeqlensQ, mSeqOrder,
             )
         return StaticPersistentScheduler(
-            cute.ceil_div(cute.size(mQ.shape[0]), block_rows), num_heads,
-            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, block_rows,
+            cute.ceil_div(cute.size(mQ.shape[0]), rows), num_heads,
+            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, rows,
         )
 
     def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k):
         return SeqlenInfo.create(batch_idx, seqlen_q, seqlen_k, self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                  mSeqUsedK, has_seqused_k)
+
+    @cute.jit
+    def tile_rows(self, pack_gqa: Int32, m_block: Int32, head_idx: Int32, seqlen_q: Int32):
+        """(TileRows of tile m_block, its row shift): see block_info.row_shift."""
+        shift = row_shift(self.tile_m, pack_gqa, seqlen_q, self.is_causal or self.is_local)
+        return TileRows(self.tile_m, pack_gqa, m_block * block_rows(self.tile_m, pack_gqa) - shift, head_idx), shift
 
     def tile_view(self, t: cute.Tensor, head, batch_idx, offset):
         """(seqlen, dim) slice of a (seqlen, dim, head, batch) tensor for one sequence."""
@@ -204,7 +225,12 @@ class FlashAttentionForwardSm90:
         sQ_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim)
         sK_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
         sV_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
-        sO_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim_v)
+        if const_expr(self.wg_epilogue):  # one (64, dv) part per consumer warpgroup
+            sO_layout = make_smem_layout(self.dtype, ROWS_PER_WG, self.head_dim_v, self.num_consumer_wg)
+            sO_store_layout = cute.select(sO_layout, mode=[0, 1])
+        else:
+            sO_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim_v)
+            sO_store_layout = sO_layout
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -222,7 +248,8 @@ class FlashAttentionForwardSm90:
             tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1
         )
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim_v)
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_store_layout,
+            (cute.size(sO_store_layout, mode=[0]), self.head_dim_v)
         )
         self.tx_bytes_Q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.tx_bytes_K = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
@@ -242,7 +269,8 @@ class FlashAttentionForwardSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
-            next_tile: cute.struct.MemRange[Int32, 1]
+            mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * HANDOFF_SLOTS]
+            next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS]
 
         num_tiles = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa).num_tiles
         grid = (cutlass.min(num_tiles, num_sms), 1, 1)
@@ -336,20 +364,30 @@ class FlashAttentionForwardSm90:
             producer_group=producer_thread, consumer_group=consumer_warps,
             tx_count=self.tx_bytes_V, defer_sync=True,
         )
+        if const_expr(self.dynamic_schedule):
+            if cute.arch.thread_idx()[0] == 0:
+                handoff_init(storage.mbar_tile.data_ptr(), self.num_mma_threads)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        # sO: the (tile_m, dv) tile the accumulators are written to; sO_parts: what one TMA store
+        # reads, (64, dv, warpgroup) parts with a per-warpgroup epilogue, else the tile itself.
         if const_expr(self.o_aliases_q):
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            sO_parts = sO
+        elif const_expr(self.wg_epilogue):
+            sO_parts = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            tile_outer = cute.group_modes(cute.select(sO_layout.outer, mode=[0, 2, 1]), 0, 2)
+            sO = storage.sO.get_tensor(tile_outer, swizzle=sO_layout.inner)
         else:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            sO_parts = sO
 
-        block_rows = self.tile_m // pack_gqa
         block_info = BlockInfo(
-            block_rows, self.tile_n, self.is_causal, self.is_local,
+            block_rows(self.tile_m, pack_gqa), self.tile_n, self.is_causal, self.is_local,
             window_left if const_expr(self.is_local) else None,
             window_right if const_expr(self.is_local) else None,
         )
@@ -357,7 +395,8 @@ class FlashAttentionForwardSm90:
         seqlen_k = mK.shape[0]
         scheduler = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa)
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
-        tile_slot = storage.next_tile.get_tensor(cute.make_layout(1))
+        tile_slots = storage.next_tile.get_tensor(cute.make_layout(HANDOFF_SLOTS))
+        tile_mbar = storage.mbar_tile.data_ptr()
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -365,17 +404,17 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mTileCounter, tile_slot, seqlens, pack_gqa,
+                    mTileCounter, tile_slots, tile_mbar, seqlens, pack_gqa,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
             self.consume(
-                mO, tma_O, mLSE, sQ, sK, sV, sO, tma_atom_O,
+                mO, tma_O, mLSE, sQ, sK, sV, sO, sO_parts, tma_atom_O,
                 pipeline_q, pipeline_k, pipeline_v,
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
-                scheduler, seqlen_q, seqlen_k, tile_slot, seqlens, pack_gqa,
+                scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, seqlens, pack_gqa,
             )
 
     @cute.jit
@@ -400,7 +439,8 @@ class FlashAttentionForwardSm90:
         seqlen_q: Int32,
         seqlen_k: Int32,
         mTileCounter: cute.Tensor,
-        tile_slot: cute.Tensor,
+        tile_slots: cute.Tensor,
+        tile_mbar: cute.Pointer,
         seqlens,
         pack_gqa: Int32,
     ):
@@ -408,12 +448,14 @@ class FlashAttentionForwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         tile = scheduler.first_tile()
+        handoffs = Int32(0)
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
-            gQ = cute.local_tile(self.tile_view(mQ, head_idx, batch_idx, seq.offset_q),
-                                 (self.tile_m, self.head_dim), (m_block, 0))
+            rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
+            gQ = cute.local_tile(cute.domain_offset((rows.first_row, 0), self.tile_view(mQ, head_idx, batch_idx, seq.offset_q)),
+                                 (self.tile_m, self.head_dim), (0, 0))
             gK = cute.local_tile(self.tile_view(mK, head_idx_kv, batch_idx, seq.offset_k),
                                  (self.tile_n, self.head_dim), (None, 0))
             gV = cute.local_tile(self.tile_view(mV, head_idx_kv, batch_idx, seq.offset_k),
@@ -428,7 +470,7 @@ class FlashAttentionForwardSm90:
             tVsV, tVgV = cpasync.tma_partition(
                 tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
             )
-            n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q, seq.seqlen_k, m_block)
+            n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q + shift, seq.seqlen_k, m_block)
 
             # K of the last block first: the consumers start with Q @ K^T of that block.
             pipeline_k.producer_acquire(kv_state)
@@ -438,15 +480,11 @@ class FlashAttentionForwardSm90:
             if pack_gqa == 1:
                 cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             else:
-                # Tile row r holds row m_block * block_rows + r % block_rows of query head
-                # head_idx * pack_gqa + r // block_rows: one 8-row TMA load per piece.
-                block_rows = self.tile_m // pack_gqa
+                # One 8-row TMA load per piece of one head's rows (TileRows: which head and rows).
                 for c in cutlass.range_constexpr(self.tile_m // 8):
-                    g = (c * 8) // block_rows
-                    first_row = m_block * block_rows + (c * 8) % block_rows
                     gQc = cute.local_tile(
-                        self.tile_view(mQc, head_idx * pack_gqa + g, batch_idx, seq.offset_q),
-                        (8, self.head_dim), (first_row // 8, 0),
+                        self.tile_view(mQc, rows.head(c * 8), batch_idx, seq.offset_q),
+                        (8, self.head_dim), (rows.row(c * 8) // 8, 0),
                     )
                     sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
                     tQsQc, tQgQc = cpasync.tma_partition(
@@ -473,8 +511,8 @@ class FlashAttentionForwardSm90:
             kv_state.advance()
             if const_expr(self.dynamic_schedule):
                 tile = claim_next_tile(mTileCounter.iterator)
-                handoff_publish(tile_slot, tile, self.handoff_threads, int(FwdBarrier.TILE_SLOT_FULL),
-                                int(FwdBarrier.TILE_SLOT_EMPTY))
+                handoff_publish(tile_slots, tile_mbar, handoffs, tile)
+                handoffs += 1
             else:
                 tile = scheduler.next_tile(tile)
             m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
@@ -489,6 +527,7 @@ class FlashAttentionForwardSm90:
         sK: cute.Tensor,
         sV: cute.Tensor,
         sO: cute.Tensor,
+        sO_parts: cute.Tensor,
         tma_atom_O: cute.CopyAtom,
         pipeline_q: pipeline.PipelineAsync,
         pipeline_k: pipeline.PipelineAsync,
@@ -503,12 +542,12 @@ class FlashAttentionForwardSm90:
         scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
-        tile_slot: cute.Tensor,
+        tile_slots: cute.Tensor,
+        tile_mbar: cute.Pointer,
         seqlens,
         pack_gqa: Int32,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
-        block_rows = self.tile_m // pack_gqa
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         # WGMMA operands in shared memory are described per warpgroup.
         wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * THREADS_PER_WG)
@@ -530,15 +569,16 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
-        if const_expr(self.dynamic_schedule):  # the tile slot starts out free
-            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.TILE_SLOT_EMPTY), number_of_threads=self.handoff_threads)
         tile = scheduler.first_tile()
+        handoffs = Int32(0)
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
-            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, block_rows,
+            rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
+            seqlen_q_tiled = seq.seqlen_q + shift  # what K/V block ranges see
+            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.block_rows,
                                  block_info.window_left, block_info.window_right)
-            n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q, seq.seqlen_k, m_block)
+            n_block_min, n_block_max = block_info.n_block_range(seqlen_q_tiled, seq.seqlen_k, m_block)
             pipeline_q.consumer_wait(q_state)
 
             # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
@@ -552,7 +592,7 @@ class FlashAttentionForwardSm90:
             warpgroup.wait_group(0)
             pipeline_k.consumer_release(kv_state)
             self.scores_to_probs(
-                acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block_max - 1,
+                acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, rows.first_row, n_block_max - 1,
                 mask_seqlen=True, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
                 is_first=True,
             )
@@ -560,17 +600,17 @@ class FlashAttentionForwardSm90:
             step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
-                m_block, mask_right, mask_left,
+                rows.first_row, mask_right, mask_left,
             )
             # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
             n_block_max_unmasked = n_block_max - 1
             if const_expr(self.is_causal or self.is_local):
-                n_right = block_info.n_block_min_right_mask(seq.seqlen_q, seq.seqlen_k, m_block, n_block_min)
+                n_right = block_info.n_block_min_right_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
                 for i in cutlass.range(n_block_max_unmasked - n_right, unroll=1):
                     kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
                 n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
             # ... the interior does not ...
-            n_left = block_info.n_block_min_no_left_mask(seq.seqlen_q, seq.seqlen_k, m_block, n_block_min)
+            n_left = block_info.n_block_min_no_left_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
             for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
                 kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
             # ... and a local window's left edge does again.
@@ -592,20 +632,20 @@ class FlashAttentionForwardSm90:
 
             row_scale = softmax.finalize()
             softmax.rescale(acc_O, row_scale)
-            self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                          m_block, head_idx, batch_idx, seq, pack_gqa)
+            self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+                          batch_idx, seq, rows)
             if const_expr(self.o_aliases_q):
                 pipeline_q.consumer_release(q_state)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
-                tile = handoff_receive(tile_slot, self.handoff_threads, int(FwdBarrier.TILE_SLOT_FULL),
-                                       int(FwdBarrier.TILE_SLOT_EMPTY))
+                tile = handoff_receive(tile_slots, tile_mbar, handoffs)
+                handoffs += 1
             else:
                 tile = scheduler.next_tile(tile)
             m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
 
         # Shared memory must outlive the last TMA store's reads.
-        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
+        if self.is_store_warp():
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -628,7 +668,7 @@ class FlashAttentionForwardSm90:
         thr_mma_qk: cute.ThrMma,
         score_scale: Float32,
         softcap: Float32,
-        m_block: Int32,
+        first_row: Int32,
         mask_right: cutlass.Constexpr[bool],
         mask_left: cutlass.Constexpr[bool],
     ):
@@ -645,18 +685,24 @@ class FlashAttentionForwardSm90:
               n_block != n_block_max - 2, -1)
         self.scheduler_signal()
         warpgroup.wait_group(1)
-        if const_expr(not self.softmax_before_pv_wait):
+        if const_expr(self.pv_wait == "row_max"):
             pipeline_k.consumer_release(kv_state)
         row_scale = self.scores_to_probs(
-            acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, m_block, n_block,
+            acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
             mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False,
         )
-        if const_expr(self.softmax_before_pv_wait):
-            # ptxas hoists the wait below to just after the row max, so the exponentials would
-            # run only once P @ V is done. Releasing K under a predicate computed from the row
-            # sums (always true) pins the wait behind every exponential, as ptxas keeps the
-            # wait after the mbarrier arrive.
-            if pipeline_k.is_signaling_thread and always_one_after(softmax.row_sum[0], softmax.row_sum[1]) != 0:
+        if const_expr(self.pv_wait != "row_max"):
+            # ptxas hoists the wait below as far up as it may, to just after the row max, so the
+            # exponentials would run only once P @ V is done; it does keep the wait after the
+            # mbarrier arrive that releases K. Releasing K under a predicate computed from some
+            # exponentials (always true) therefore pins the wait behind them: the first few
+            # of row 0 ("first_exps") or the row sums, i.e. all of them ("softmax").
+            if const_expr(self.pv_wait == "softmax"):
+                after = (softmax.row_sum[0], softmax.row_sum[1])
+            else:
+                probs = rows_cols_view(acc_S)
+                after = (probs[0, PV_WAIT_AFTER_EXP - 1], probs[0, PV_WAIT_AFTER_EXP])
+            if pipeline_k.is_signaling_thread and always_one_after(*after) != 0:
                 pipeline_k.sync_object_empty.arrive(kv_state.index, pipeline_k.consumer_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(v_state)
@@ -674,7 +720,7 @@ class FlashAttentionForwardSm90:
         thr_mma_qk: cute.ThrMma,
         score_scale: Float32,
         softcap: Float32,
-        m_block: Int32,
+        first_row: Int32,
         n_block: Int32,
         mask_seqlen: cutlass.Constexpr[bool],
         mask_right: cutlass.Constexpr[bool],
@@ -685,7 +731,7 @@ class FlashAttentionForwardSm90:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
         if const_expr(mask_seqlen or mask_right or mask_left):
-            mask.apply(acc_S, thr_mma_qk, m_block, n_block, mask_seqlen,
+            mask.apply(acc_S, thr_mma_qk, first_row, n_block, mask_seqlen,
                        mask_right and self.is_causal, (mask_right or mask_left) and self.is_local)
         row_scale = softmax.step(acc_S, is_first)
         if const_expr(tOrP is not None):
@@ -710,6 +756,15 @@ class FlashAttentionForwardSm90:
         )
 
     @cute.jit
+    def is_store_warp(self):
+        """The warp that issues TMA stores of O: the first of each consumer warpgroup with a
+        per-warpgroup epilogue, else the first consumer warp."""
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if const_expr(self.wg_epilogue):
+            return warp % 4 == 0 and warp >= 4
+        return warp == STORE_WARP
+
+    @cute.jit
     def epilogue(
         self,
         acc_O: cute.Tensor,
@@ -718,85 +773,105 @@ class FlashAttentionForwardSm90:
         tma_O: cute.Tensor,
         mLSE: cute.Tensor,
         sO: cute.Tensor,
+        sO_parts: cute.Tensor,
         tma_atom_O: cute.CopyAtom,
         tiled_mma_pv: cute.TiledMma,
         tidx: Int32,
-        m_block: Int32,
-        head_idx: Int32,
         batch_idx: Int32,
         seq: SeqlenInfo,
-        pack_gqa: Int32,
+        rows: TileRows,
     ):
-        is_store_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP
-        block_rows = self.tile_m // pack_gqa
+        is_store_warp = self.is_store_warp()
+        # Who synchronises and stores which rows: each warpgroup its own 64 rows (from its own
+        # part of sO), or all consumers the whole tile.
+        if const_expr(self.wg_epilogue):
+            wg = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+            smem_free_id = int(FwdBarrier.EPILOGUE_WG_SMEM_FREE) + wg
+            o_ready_id = int(FwdBarrier.EPILOGUE_WG_O_READY) + wg
+            group_threads = THREADS_PER_WG
+            first_row = wg * ROWS_PER_WG
+            sO_store = sO_parts[None, None, wg]
+        else:
+            smem_free_id = int(FwdBarrier.EPILOGUE_SMEM_FREE)
+            o_ready_id = int(FwdBarrier.EPILOGUE_O_READY)
+            group_threads = self.num_mma_threads
+            first_row = Int32(0)
+            sO_store = sO_parts
+        store_rows = cute.size(sO_store, mode=[0])
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        # The previous tile's TMA store must have read sO (the storing warp waits for it), and when
-        # sO aliases sQ every consumer must be past its last Q @ K^T.
+        # The previous TMA store from these rows of sO must have read them (the storing warp
+        # waits for it), and when sO aliases sQ every consumer must be past its last Q @ K^T.
         if is_store_warp:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_SMEM_FREE), number_of_threads=self.num_mma_threads)
+        cute.arch.barrier(barrier_id=smem_free_id, number_of_threads=group_threads)
         smem_copy_O = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
             tiled_mma_pv,
         ).get_slice(tidx)
-        cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO))
+        # sO's address math is the same for every tile; left alone, LLVM computes it once before
+        # the tile loop and the ~16 swizzled stmatrix addresses stay live across the K/V loop
+        # (spilled in the 240-register hd192/hd256 kernels). An opaque per-tile zero keeps it here.
+        sO_here = cute.make_tensor(sO.iterator + cute.assume(loop_bound_zero(rows.first_row), divby=512), sO.layout)
+        cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO_here))
 
-        # LSE straight from registers: the thread holding column 0 of a row writes it. Tile row r
-        # is row m_block * block_rows + r % block_rows of query head head_idx * pack_gqa +
-        # r // block_rows (pack_gqa = 1: the tile's own head).
+        # LSE straight from registers: the thread holding column 0 of a row writes it.
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
         if tOcO[0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
-                tile_row = tOcO[r, 0][0]
-                g = tile_row // block_rows
-                row = m_block * block_rows + tile_row - g * block_rows
-                if row < seq.seqlen_q:
+                row = rows.row(tOcO[r, 0][0])
+                if row >= 0 and row < seq.seqlen_q:
                     if const_expr(self.is_varlen):
-                        mLSE[seq.offset_q + row, head_idx * pack_gqa + g, 0] = lse[r]
+                        mLSE[seq.offset_q + row, rows.head(tOcO[r, 0][0]), 0] = lse[r]
                     else:
-                        mLSE[row, head_idx * pack_gqa + g, batch_idx] = lse[r]
+                        mLSE[row, rows.head(tOcO[r, 0][0]), batch_idx] = lse[r]
 
-        # One TMA store for a tile whose rows all belong to its own head and sequence; row by
-        # row otherwise (pack-GQA, or a packed sequence's last tile, where a whole-tile store
-        # would overwrite the next sequence's rows).
-        whole_tile = pack_gqa == 1
+        # One TMA store when the rows all belong to this tile's head and sequence; row by row
+        # otherwise (pack-GQA, rows above a shifted sequence's start, or rows past a packed
+        # sequence's end, where a TMA store would overwrite the next sequence's rows). Rows
+        # entirely above the start are not stored at all.
+        start = rows.row(first_row)  # sequence row of the first stored row
+        whole = rows.pack_gqa == 1 and start >= 0
         if const_expr(self.is_varlen):
-            whole_tile = whole_tile and (m_block + 1) * self.tile_m <= seq.seqlen_q
-        if whole_tile:
-            # Make the stmatrix writes visible to the TMA engine, then one warp stores the tile;
-            # it waits for the store's reads only before sO is next written (or at exit).
-            cute.arch.fence_view_async_shared()
-            ready = self.num_mma_threads + cute.arch.WARP_SIZE
-            cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-            if is_store_warp:
-                cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=ready)
-                gO = cute.local_tile(self.tile_view(tma_O, head_idx, batch_idx, seq.offset_q),
-                                     (self.tile_m, self.head_dim_v), (m_block, 0))
-                tOsO, tOgO = cpasync.tma_partition(
-                    tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
-                )
-                cute.copy(tma_atom_O, tOsO, tOgO)
-                cute.arch.cp_async_bulk_commit_group()
-        else:
-            cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_O_READY), number_of_threads=self.num_mma_threads)
-            self.store_rows(sO, mO, tidx, m_block, head_idx, batch_idx, seq, pack_gqa)
+            whole = whole and start + store_rows <= seq.seqlen_q
+        if start + store_rows > 0:
+            if whole:
+                # Make the stmatrix writes visible to the TMA engine, then one warp stores the rows;
+                # it waits for the store's reads only before they are next written (or at exit).
+                cute.arch.fence_view_async_shared()
+                ready = group_threads + cute.arch.WARP_SIZE
+                cute.arch.barrier_arrive(barrier_id=o_ready_id, number_of_threads=ready)
+                if is_store_warp:
+                    cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=ready)
+                    gO = cute.local_tile(
+                        cute.domain_offset((start, 0), self.tile_view(tma_O, rows.head_idx, batch_idx, seq.offset_q)),
+                        (store_rows, self.head_dim_v), (0, 0),
+                    )
+                    tOsO, tOgO = cpasync.tma_partition(
+                        tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO_store, 0, 2),
+                        cute.group_modes(gO, 0, 2),
+                    )
+                    cute.copy(tma_atom_O, tOsO, tOgO)
+                    cute.arch.cp_async_bulk_commit_group()
+            else:
+                cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
+                self.store_rows(sO_store, first_row, group_threads, tidx % group_threads, mO, batch_idx, seq, rows)
 
     @cute.jit
-    def store_rows(self, sO: cute.Tensor, mO: cute.Tensor, tidx: Int32, m_block: Int32, head_idx: Int32,
-                   batch_idx: Int32, seq: SeqlenInfo, pack_gqa: Int32):
-        """Row-predicated copy of the O tile from shared to global memory in 16-byte pieces.
+    def store_rows(self, sO_rows: cute.Tensor, first_row: Int32, num_threads: cutlass.Constexpr[int], tidx: Int32,
+                   mO: cute.Tensor, batch_idx: Int32, seq: SeqlenInfo, rows: TileRows):
+        """Row-predicated copy of rows first_row.. of the O tile (``sO_rows``, in shared memory)
+        to global memory in 16-byte pieces, by ``num_threads`` threads.
 
         A row is head_dim_v / 8 pieces (12 for 96): the copy uses as many threads as fill a
-        power-of-two number of rows (which divides tile_m) and leaves the rest idle. Tile row r
-        goes to row m_block * block_rows + r % block_rows of query head
-        head_idx * pack_gqa + r // block_rows.
+        power-of-two number of rows (which divides the rows) and leaves the rest idle. Rows go
+        where ``rows`` maps them; rows outside [0, seqlen_q) are skipped.
         """
         elems = 128 // self.dtype.width
         threads_per_row = self.head_dim_v // elems
-        rows_per_pass = 1 << ((self.num_mma_threads // threads_per_row).bit_length() - 1)
-        block_rows = self.tile_m // pack_gqa
+        rows_per_pass = 1 << ((num_threads // threads_per_row).bit_length() - 1)
+        num_rows = cute.size(sO_rows, mode=[0])
         copy = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
             cute.make_ordered_layout((rows_per_pass, threads_per_row), order=(1, 0)),
@@ -804,20 +879,20 @@ class FlashAttentionForwardSm90:
         )
         if tidx < rows_per_pass * threads_per_row:
             thr_copy = copy.get_slice(tidx)
-            tOsO = thr_copy.partition_S(sO)
-            tOcO = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim_v)))
+            tOsO = thr_copy.partition_S(sO_rows)
+            tOcO = thr_copy.partition_S(cute.make_identity_tensor((num_rows, self.head_dim_v)))
             tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                tile_row = tOcO[0, m, 0][0]
-                g = tile_row // block_rows
-                # A (tile_m, dv) window of head g's rows placed so that tile row tile_row lands
-                # on its sequence row (its start may lie before row 0: only row tile_row is written).
-                first = m_block * block_rows - g * block_rows
+                local_row = tOcO[0, m, 0][0]
+                row = rows.row(first_row + local_row)
+                # A (num_rows, dv) window of the row's head placed so that this local row lands
+                # on its sequence row (its start may lie outside the sequence: only that row is written).
                 gO = cute.local_tile(
-                    cute.domain_offset((first, 0), self.tile_view(mO, head_idx * pack_gqa + g, batch_idx, seq.offset_q)),
-                    (self.tile_m, self.head_dim_v), (0, 0),
+                    cute.domain_offset((row - local_row, 0),
+                                       self.tile_view(mO, rows.head(first_row + local_row), batch_idx, seq.offset_q)),
+                    (num_rows, self.head_dim_v), (0, 0),
                 )
                 tOgO = thr_copy.partition_D(gO)
-                if first + tile_row < seq.seqlen_q:
+                if row >= 0 and row < seq.seqlen_q:
                     cute.autovec_copy(tOrO[None, m, None], tOgO[None, m, None])
