@@ -66,12 +66,12 @@ def test_every_shipped_object_uses_hopper_instructions():
     proc = subprocess.run([sys.executable, str(_sass_tool()), "--require", "HGMMA,UTMALDG,SETMAXREG", *objects],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # No register spills. The report grows an LDL/STL column only when some image has them.
-    # Known exception: bf16 (192, 192) causal keeps one value on the stack (8 bytes, one STL in
-    # the prologue, a few LDL): tolerated up to 8 instructions per image, anything more fails.
+    # No register spills in any image. The report grows an LDL/STL column only when some image
+    # has them. The 160-register (hd64) and 240-register (hd192/hd256) consumers are close to
+    # spilling: small kernel changes can tip a variant over (docs/perf_notes.md).
     lines = proc.stdout.strip().splitlines()
     header = lines[0].split("\t")
     if "LDL/STL" in header:
         col = header.index("LDL/STL")
         spilling = {row.split("\t")[0]: int(row.split("\t")[col]) for row in lines[1:] if row.split("\t")[col] != "0"}
-        assert all(n <= 8 for n in spilling.values()), spilling
+        assert not spilling, spilling
