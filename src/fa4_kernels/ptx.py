@@ -1,33 +1,34 @@
 """Inline PTX, for the few places where the DSL's generated code schedules badly.
 
-Each helper is a pure register computation (no side effects), so LLVM and ptxas may still move
-or drop it; what they cannot do is look inside and re-fold it (see the callers for why that
-matters).
+The helpers are register computations the compilers cannot look inside and re-fold (see the
+callers for why that matters). Pure ones may still be moved or dropped; ``loop_bound_zero`` is
+volatile on purpose, so it stays where it is written.
 """
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
-def pure_asm(result_type, asm: str, constraints: str, args, *, loc=None, ip=None):
-    """``asm`` with ``constraints`` ("=r,f,..."; $0 the result) on DSL scalars (Float32/Int32)."""
+def inline_asm(result_type, asm: str, constraints: str, args, *, volatile: bool = False, loc=None, ip=None):
+    """``asm`` with ``constraints`` ("=r,f,..."; $0 the result) on DSL scalars (Float32/Int32).
+    ``volatile``: the compilers must neither drop nor move it (LLVM's has_side_effects)."""
     return llvm.inline_asm(
         result_type,
         [a.ir_value(loc=loc, ip=ip) for a in args],
         asm,
         constraints,
-        has_side_effects=False,
+        has_side_effects=volatile,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
 
 
 def f32_asm(asm: str, constraints: str, args, *, loc=None, ip=None) -> Float32:
-    return Float32(pure_asm(T.f32(), asm, constraints, args, loc=loc, ip=ip))
+    return Float32(inline_asm(T.f32(), asm, constraints, args, loc=loc, ip=ip))
 
 
 def i32_asm(asm: str, constraints: str, args, *, loc=None, ip=None) -> Int32:
-    return Int32(pure_asm(T.i32(), asm, constraints, args, loc=loc, ip=ip))
+    return Int32(inline_asm(T.i32(), asm, constraints, args, loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -37,8 +38,5 @@ def loop_bound_zero(x: Int32, *, loc=None, ip=None) -> Int32:
     Adding it to an address keeps the address arithmetic inside that loop instead of live in
     registers across it. Callers pass an ``x`` that is never INT32_MIN.
     """
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)],
-        "{\n.reg .pred p;\nsetp.eq.s32 p, $1, -2147483648;\nselp.s32 $0, 512, 0, p;\n}",
-        "=r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+    return Int32(inline_asm(T.i32(), "{\n.reg .pred p;\nsetp.eq.s32 p, $1, -2147483648;\nselp.s32 $0, 512, 0, p;\n}",
+                            "=r,r", (Int32(x),), volatile=True, loc=loc, ip=ip))

@@ -98,7 +98,6 @@ class FlashAttentionForwardSm90:
         num_stages: int,
         is_varlen: bool = False,
         pv_wait: str = "first_exps",
-        wg_epilogue: Optional[bool] = None,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -127,8 +126,7 @@ class FlashAttentionForwardSm90:
         # own warps, so the warpgroups never meet at a tile boundary and the one ahead in the
         # ping-pong starts the next tile while the other finishes. Not when O shares Q's buffer:
         # a warpgroup's O rows would overwrite Q rows another warpgroup may still be reading.
-        self.wg_epilogue = (not self.o_aliases_q) if wg_epilogue is None else wg_epilogue
-        assert not (self.wg_epilogue and self.o_aliases_q)
+        self.wg_epilogue = not self.o_aliases_q
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
 
     # ------------------------------------------------------------------ host side
