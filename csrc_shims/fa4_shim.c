@@ -112,9 +112,13 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
        k->shape[2] * params->pack_gqa != q->shape[2]))
     return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or heads_q / heads_kv, a power of two <= 16 (got %d)",
                 params->pack_gqa);
-  if ((variant->tile_m / params->pack_gqa) % 8 != 0)
+  if ((variant->tile_m / params->pack_gqa) % 8 != 0) {
+    int largest = 1;  /* the largest power-of-two group this variant can stack */
+    while (largest < 16 && (variant->tile_m / (2 * largest)) % 8 == 0) largest *= 2;
     return fail(FA4_ERR_BAD_TENSOR, "pack_gqa %d: %s stacks heads in 8-row pieces of its %d-row tiles "
-                "(tile_m / pack_gqa must be a multiple of 8)", params->pack_gqa, variant->name, variant->tile_m);
+                "(tile_m / pack_gqa must be a multiple of 8: pack_gqa <= %d here)", params->pack_gqa,
+                variant->name, variant->tile_m, largest);
+  }
   if (variant->varlen && (q->shape[0] != 1 || cu_seqlens_q->shape[0] < 2 ||
                          cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
                          params->max_seqlen_q < 1 ||

@@ -1,12 +1,15 @@
-"""Run one fa4 forward configuration a few times (for ncu / compute-sanitizer wrappers).
+"""Run one forward configuration a few times (for ncu / compute-sanitizer wrappers), with fa4
+or, for comparison, with cuDNN through SDPA.
 
-    python3 scripts/profile_one.py SEQLEN HEAD_DIM {causal,none} [ITERS] [TOKENS]
+    python3 scripts/profile_one.py SEQLEN HEAD_DIM {causal,none} [ITERS] [TOKENS] [fa4|cudnn]
     ncu --clock-control none --launch-skip 3 --launch-count 1 python3 scripts/profile_one.py 4096 128 causal
     compute-sanitizer --tool racecheck python3 scripts/profile_one.py 512 128 causal 1 1024
 """
 import sys
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
 
@@ -14,6 +17,13 @@ seqlen, head_dim, mask = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 tokens = int(sys.argv[5]) if len(sys.argv) > 5 else 16384
 batch, heads = max(1, tokens // seqlen), 2048 // head_dim
 q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+provider = sys.argv[6] if len(sys.argv) > 6 else "fa4"
+if provider == "cudnn":
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (B, H, S, D) view of the same memory
 for _ in range(int(sys.argv[4]) if len(sys.argv) > 4 else 5):
-    fa4.attention(q, k, v, causal=mask == "causal")
+    if provider == "cudnn":
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=mask == "causal")
+    else:
+        fa4.attention(q, k, v, causal=mask == "causal")
 torch.cuda.synchronize()

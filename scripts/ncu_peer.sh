@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Nsight Compute counters of fa4 and cuDNN (SDPA) on the same configuration, one kernel each.
+#   bash scripts/ncu_peer.sh SEQLEN HEAD_DIM {none,causal}   (needs torch_ops/_native)
+# Prints duration, SM clock, tensor-pipe and issue utilisation, occupancy; full details under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fa4_out}
+mkdir -p "$OUT" /tmp/fa4_pkgs
+ln -sfn "$PWD/torch_ops" /tmp/fa4_pkgs/fa4
+export PYTHONPATH=/tmp/fa4_pkgs:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+seqlen=$1 hd=$2 mask=$3
+# The tensor-pipe metric's name differs between ncu versions: take whichever this one has.
+tensor_metrics=$(ncu --query-metrics 2>/dev/null | awk '{print $1}' | grep -E '^sm__pipe_tensor_op_(gmma|hmma)_cycles_active$' | \
+                 sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+for provider in fa4 cudnn; do
+  case $provider in fa4) kernels="regex:kernel_cutlass" ;; cudnn) kernels="regex:(sdpa|fmha|attn|cudnn)" ;; esac
+  rep="$OUT/ncu_${provider}_${seqlen}_${hd}_${mask}"
+  ncu --clock-control none --launch-skip 3 --launch-count 1 -k "$kernels" \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats ${tensor_metrics:+--metrics $tensor_metrics} \
+      -o "$rep" -f python3 scripts/profile_one.py "$seqlen" "$hd" "$mask" 6 16384 $provider > "$rep.log" 2>&1
+  ncu --import "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
+  rm -f "$rep.ncu-rep"
+  echo "=== $provider seqlen $seqlen hd $hd $mask"
+  grep -E "^  [a-z_]+.*(Kernel|kernel)|Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Registers Per|Achieved Occupancy|_cycles_active|Grid Size|Block Size|Dynamic Shared" "$rep.details.txt" | head -20
+done
