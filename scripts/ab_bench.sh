@@ -4,11 +4,7 @@
 #   run (device tool) with carry ["build/ab"]:  bash scripts/ab_bench.sh VERSION... [-- bench args]
 # Each version is checked against SDPA (math) on odd shapes before it is timed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/fa4_out}
-mkdir -p "$OUT" /tmp/fa4_pkgs
-ln -sfn "$PWD/torch_ops" /tmp/fa4_pkgs/fa4
-export PYTHONPATH=/tmp/fa4_pkgs:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 versions=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do versions+=("$1"); shift; done; [ $# -gt 0 ] && shift
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 round=${FA4_AB_ROUND:-1}

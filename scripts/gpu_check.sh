@@ -5,11 +5,7 @@
 # FA4_SANITIZE=1: also compute-sanitizer racecheck/synccheck/memcheck on scripts/sanitize_new_paths.py.
 # FA4_CLOCK_PROBE=1: also SM clock and power under sustained load (scripts/clock_probe.py).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/fa4_out}
-mkdir -p "$OUT" /tmp/fa4_pkgs
-ln -sfn "$PWD/torch_ops" /tmp/fa4_pkgs/fa4
-export PYTHONPATH=/tmp/fa4_pkgs:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/device.txt"
 status=0
 timeout "${FA4_TEST_TIMEOUT:-300}" python3 -m pytest -q tests/gpu tests/torch_ops/test_ops.py::test_runs_without_the_dsl_installed -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1

@@ -2,11 +2,7 @@
 # Profile one configuration of several A/B builds (build/ab/<version>) with Nsight Compute.
 #   bash scripts/ncu_ab.sh SEQLEN HEAD_DIM {none,causal} VERSION...
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/fa4_out}
-mkdir -p "$OUT" /tmp/fa4_pkgs
-ln -sfn "$PWD/torch_ops" /tmp/fa4_pkgs/fa4
-export PYTHONPATH=/tmp/fa4_pkgs:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 seqlen=$1 hd=$2 mask=$3; shift 3
 for v in "$@"; do
   rm -rf torch_ops/_native && mkdir -p torch_ops/_native && cp build/ab/$v/* torch_ops/_native/

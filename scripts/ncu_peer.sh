@@ -3,11 +3,7 @@
 #   bash scripts/ncu_peer.sh SEQLEN HEAD_DIM {none,causal}   (needs torch_ops/_native)
 # Prints duration, SM clock, tensor-pipe and issue utilisation, occupancy; full details under $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/fa4_out}
-mkdir -p "$OUT" /tmp/fa4_pkgs
-ln -sfn "$PWD/torch_ops" /tmp/fa4_pkgs/fa4
-export PYTHONPATH=/tmp/fa4_pkgs:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 seqlen=$1 hd=$2 mask=$3
 # The tensor-pipe metric's name differs between ncu versions: take whichever this one has.
 tensor_metrics=$(ncu --query-metrics 2>/dev/null | awk '{print $1}' | grep -E '^sm__pipe_tensor_op_(gmma|hmma)_cycles_active$' | \

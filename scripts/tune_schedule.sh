@@ -2,9 +2,7 @@
 # Sweep the tile-order knobs (FA4_PERSISTENT, FA4_L2_SWIZZLE_MB) against cuDNN in one GPU call.
 #   bash scripts/tune_schedule.sh "--head-dims 128 --causal yes"
 set -uo pipefail
-cd "$(dirname "$0")/.."
-mkdir -p /tmp/fa4_pkgs && ln -sfn "$PWD/torch_ops" /tmp/fa4_pkgs/fa4
-export PYTHONPATH=/tmp/fa4_pkgs PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 ARGS=${1:---head-dims 128 --causal yes}
 for persistent in 0 1; do
   for mb in 1 8 40; do

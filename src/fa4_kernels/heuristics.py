@@ -11,6 +11,8 @@ from fa4_kernels.catalog import VariantKey
 
 SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
 PV_WAITS = ("row_max", "first_exps", "softmax")
+# Powers of two a row max may rise by before O is rescaled (upstream FA4's value on sm100).
+RESCALE_THRESHOLD = 8.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,13 @@ class FwdConfig:
     # mask 445/547/561 -> 430/533/545 (so it keeps "row_max"); "softmax" pays off when P @ V is
     # long next to the softmax (head_dim_v > 128: hd256 16k 656 -> 694 on an H200).
     pv_wait: str = "first_exps"
+    # > 0: keep a row's running max (and skip rescaling O) until a block raises it by more than
+    # this many powers of two (OnlineSoftmax.rescale_threshold). Pays where the O rescale is a
+    # large share of the loop's instructions, i.e. head_dim_v >= 96 next to tile_n <= 128:
+    # measured on an H100 (bf16 16k tokens, same runs, with the packed P conversion): hd256
+    # non-causal 1k/4k/16k 624/751/755 -> 652/784/799 TFLOP/s, hd128 4k 720 -> 730, 16k
+    # 707 -> 715-736; hd64 (O is 32 registers) 0 to -2%, so it keeps 0.
+    rescale_threshold: float = 0.0
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_or_o = self.tile_m * max(head_dim, head_dim_v)
@@ -52,14 +61,15 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # FlashAttention-3 takes tile_n 176 for hd128 without a mask; here that forces O into
         # Q's staging buffer (no Q prefetch during the epilogue) and measured slower on an H200
         # (hd128 bf16 16k tokens: 572 vs 604 TFLOP/s at 4k, 606 vs 640 at 16k, same run).
-        cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
+        cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2, rescale_threshold=RESCALE_THRESHOLD)
     elif key.head_dim <= 192:
         # O takes 64 (dv 128) or 96 (dv 192) registers; 112 columns of S keep dv 192 in budget.
         cfg = FwdConfig(tile_m=128, tile_n=128 if key.head_dim_v <= 128 else 112, num_stages=2,
-                        pv_wait="softmax" if key.head_dim_v > 128 else "first_exps")
+                        pv_wait="softmax" if key.head_dim_v > 128 else "first_exps",
+                        rescale_threshold=RESCALE_THRESHOLD)
     elif key.head_dim <= 256:
         # O alone is 128 registers per thread; 2 stages of 80-row K/V tiles fill shared memory.
-        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2, pv_wait="softmax")
+        cfg = FwdConfig(tile_m=128, tile_n=80, num_stages=2, pv_wait="softmax", rescale_threshold=RESCALE_THRESHOLD)
     else:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90

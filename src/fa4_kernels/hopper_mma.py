@@ -51,6 +51,27 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, frag)
 
 
+@dsl_user_op
+def pack_16bit_pair(lo: Float32, hi: Float32, is_bf16: bool, *, loc=None, ip=None) -> Int32:
+    """Two fp32 values rounded to bf16/fp16 in one 32-bit register (lo in the low half)."""
+    cvt = "cvt.rn.bf16x2.f32" if is_bf16 else "cvt.rn.f16x2.f32"
+    return i32_asm(f"{cvt} $0, $2, $1;", "=r,f,f", (Float32(lo), Float32(hi)), loc=loc, ip=ip)
+
+
+@cute.jit
+def store_as_operand_a(acc: cute.Tensor, frag_a: cute.Tensor):
+    """frag_a (16-bit RS-WGMMA A fragment) <- acc (fp32 accumulator), converted two values per
+    32-bit register. Converting through a 16-bit vector instead (``.load().to(dtype)``) leaves
+    ptxas splitting and re-packing register halves with PRMTs when tile_n / 16 is odd (hd256's
+    80, hd192's 112); those PRMTs sit between the P @ V WGMMAs that read the registers, and
+    ptxas then waits for each WGMMA before issuing the next."""
+    src = acc_as_operand_a(acc)
+    words = cute.recast_tensor(frag_a, Int32)
+    is_bf16 = const_expr(frag_a.element_type == cutlass.BFloat16)
+    for i in cutlass.range_constexpr(cute.size(words)):
+        words[i] = pack_16bit_pair(src[2 * i], src[2 * i + 1], is_bf16)
+
+
 def transpose_smem_view(t: cute.Tensor) -> cute.Tensor:
     """Swap the first two modes of a (possibly staged) shared-memory tensor: V (n, d) -> Vt (d, n)."""
     shape = (t.shape[1], t.shape[0], *t.shape[2:])

@@ -52,13 +52,18 @@ class OnlineSoftmax:
     scale_log2: Float32  # softmax scale * log2(e): exponentials are exp2(s * scale_log2 - max)
     row_max: cute.Tensor
     row_sum: cute.Tensor
+    # > 0: a row keeps its running max until a block raises it by more than this many powers
+    # of two (probabilities then reach at most 2^threshold: harmless in fp32 sums and in
+    # bf16/fp16 P), so O needs rescaling only on those rare blocks (see ``rescale``).
+    rescale_threshold: cutlass.Constexpr[float] = 0.0
 
     @staticmethod
-    def create(scale_log2: Float32, num_rows: cutlass.Constexpr[int]):
+    def create(scale_log2: Float32, num_rows: cutlass.Constexpr[int], rescale_threshold: cutlass.Constexpr[float] = 0.0):
         return OnlineSoftmax(
             scale_log2,
             cute.make_rmem_tensor(num_rows, Float32),
             cute.make_rmem_tensor(num_rows, Float32),
+            rescale_threshold,
         )
 
     @cute.jit
@@ -72,6 +77,11 @@ class OnlineSoftmax:
             prev_max = self.row_max[r]
             cur_max = row_max(row, None if const_expr(is_first) else prev_max)
             cur_max = quad_allreduce(cur_max, fmax)
+            if const_expr(not is_first and self.rescale_threshold > 0.0):
+                # Same decision in the 4 threads of a row (quad-reduced max). Both -inf: NaN
+                # compares false and the row keeps -inf, as without the threshold.
+                if not (cur_max - prev_max) * self.scale_log2 > Float32(self.rescale_threshold):
+                    cur_max = prev_max
             self.row_max[r] = cur_max
             # A row with every score masked keeps max -inf; use 0 so exp2 gives 0, not NaN.
             safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
@@ -100,7 +110,18 @@ class OnlineSoftmax:
         return row_scale
 
     @cute.jit
-    def rescale(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
+    def rescale(self, acc_O: cute.Tensor, row_scale: cute.Tensor, final: cutlass.Constexpr[bool] = False):
+        """O *= row_scale per row. With a rescale threshold, the running rescale is skipped by
+        whole warps when none of their rows moved its max (the common case after the first
+        blocks): the FMULs over O are a large share of the loop's instructions."""
         acc_mn = rows_cols_view(acc_O)
-        for r in cutlass.range_constexpr(cute.size(row_scale)):
-            acc_mn[r, None].store(acc_mn[r, None].load() * row_scale[r])
+        if const_expr(final or self.rescale_threshold == 0.0):
+            for r in cutlass.range_constexpr(cute.size(row_scale)):
+                acc_mn[r, None].store(acc_mn[r, None].load() * row_scale[r])
+        else:
+            moved = row_scale[0] != Float32(1.0)
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                moved = moved or row_scale[r] != Float32(1.0)
+            if cute.arch.vote_any_sync(moved):
+                for r in cutlass.range_constexpr(cute.size(row_scale)):
+                    acc_mn[r, None].store(acc_mn[r, None].load() * row_scale[r])

@@ -89,6 +89,25 @@ def test_square(dtype, dims, causal, seqlen):
     check(q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dims", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_max_jumps_between_key_blocks(dtype, dims, causal):
+    """Keys come in 50-key runs of very different magnitudes, so from one K/V block to the next
+    a row's max rises by far more than the rescale threshold (2^8) on some blocks and by less
+    on others, in the kernel's visiting order (last block first) as well as the reverse: both
+    the kept-max and the rescale paths run, and the first visited block is not the largest."""
+    d, dv = dims
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    sq, sk = 700, 900
+    q = torch.randn(2, sq, 4, d, device="cuda", generator=g)
+    k = torch.randn(2, sk, 2, d, device="cuda", generator=g)
+    level = torch.rand(2, sk // 50 + 1, 1, 1, device="cuda", generator=g) * 2.0
+    k = k * level.repeat_interleave(50, dim=1)[:, :sk].exp()
+    v = torch.randn(2, sk, 2, dv, device="cuda", generator=g)
+    check(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+
+
 @pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("options", [dict(window=(70, 30)), dict(window=(-1, 0), softcap=20.0), dict(softcap=5.0)])
 def test_head_dims_with_window_and_softcap(dims, options):

@@ -41,10 +41,10 @@ from cutlass.utils import LayoutEnum
 from fa4_kernels.block_info import BlockInfo, TileRows, block_rows, row_shift
 from fa4_kernels.heuristics import SMEM_LIMIT_SM90
 from fa4_kernels.hopper_mma import (
-    acc_as_operand_a,
     always_one_after,
     new_accumulator,
     rows_cols_view,
+    store_as_operand_a,
     transpose_smem_view,
     wgmma,
 )
@@ -98,6 +98,7 @@ class FlashAttentionForwardSm90:
         num_stages: int,
         is_varlen: bool = False,
         pv_wait: str = "first_exps",
+        rescale_threshold: float = 0.0,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -113,6 +114,7 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.pv_wait = pv_wait
+        self.rescale_threshold = rescale_threshold
         self.num_consumer_wg = tile_m // ROWS_PER_WG
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
         # Masked tiles and packed sequences differ in length: balance them dynamically.
@@ -556,7 +558,7 @@ class FlashAttentionForwardSm90:
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = new_accumulator(wg_mma_pv, (self.tile_m, self.head_dim_v))
 
-        softmax = OnlineSoftmax.create(scale_log2, cute.size(rows_cols_view(acc_O), mode=[0]))
+        softmax = OnlineSoftmax.create(scale_log2, cute.size(rows_cols_view(acc_O), mode=[0]), self.rescale_threshold)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
 
@@ -629,7 +631,7 @@ class FlashAttentionForwardSm90:
             kv_state.advance()
 
             row_scale = softmax.finalize()
-            softmax.rescale(acc_O, row_scale)
+            softmax.rescale(acc_O, row_scale, final=True)
             self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
                           batch_idx, seq, rows)
             if const_expr(self.o_aliases_q):
@@ -704,7 +706,7 @@ class FlashAttentionForwardSm90:
                 pipeline_k.sync_object_empty.arrive(kv_state.index, pipeline_k.consumer_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(v_state)
-        tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+        store_as_operand_a(acc_S, tOrP)
         softmax.rescale(acc_O, row_scale)
         return kv_state
 
@@ -733,7 +735,7 @@ class FlashAttentionForwardSm90:
                        mask_right and self.is_causal, (mask_right or mask_left) and self.is_local)
         row_scale = softmax.step(acc_S, is_first)
         if const_expr(tOrP is not None):
-            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            store_as_operand_a(acc_S, tOrP)
         return row_scale
 
     @cute.jit
