@@ -26,9 +26,11 @@ class FwdConfig:
     # unrelated code), "first_exps" pinned after a few exponentials (upstream FA4's placement),
     # "softmax" after all of them. Measured, bf16, 16k tokens, same runs (docs/perf_notes.md):
     # hd128 "first_exps" vs "row_max" on an H100: non-causal 1k/4k/16k 601/682/659 -> 623/717/712
-    # TFLOP/s, causal unchanged to +1%; hd64 causal 4k/16k 501/540 -> 514/559, hd64 without a
-    # mask 445/547/561 -> 430/533/545 (so it keeps "row_max"); "softmax" pays off when P @ V is
-    # long next to the softmax (head_dim_v > 128: hd256 16k 656 -> 694 on an H200).
+    # TFLOP/s, causal unchanged to +1%; hd64 causal 4k/16k 501/540 -> 514/559; hd64 without a
+    # mask lost 2-3% pinned until P was packed two values per register (store_as_operand_a),
+    # now gains: 4k/16k 557-561/577-581 -> 564/589 (two rounds); "softmax" pays off when P @ V
+    # is long next to the softmax (head_dim_v > 128: hd256 16k 656 -> 694 on an H200; for hd128
+    # after the rescale threshold it is 3% slower, "row_max" 0.5-1%).
     pv_wait: str = "first_exps"
     # > 0: keep a row's running max (and skip rescaling O) until a block raises it by more than
     # this many powers of two (OnlineSoftmax.rescale_threshold). Pays where the O rescale is a
@@ -53,10 +55,10 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
         # are short next to its softmax, and a third warpgroup keeps the tensor cores fed.
-        # Pinning the P @ V wait pays off with a mask; with softcap as well it spills some of the
-        # 160-register consumers (the predicate keeps early probabilities live).
+        # Pinning the P @ V wait pays off; with softcap it spills some of the 160-register
+        # consumers (the predicate keeps early probabilities live).
         cfg = FwdConfig(tile_m=192, tile_n=128, num_stages=2,
-                        pv_wait="first_exps" if key.mask != "none" and not key.softcap else "row_max")
+                        pv_wait="row_max" if key.softcap else "first_exps")
     elif key.head_dim <= 128:
         # FlashAttention-3 takes tile_n 176 for hd128 without a mask; here that forces O into
         # Q's staging buffer (no Q prefetch during the epilogue) and measured slower on an H200
