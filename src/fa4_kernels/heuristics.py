@@ -11,7 +11,7 @@ from fa4_kernels.catalog import VariantKey
 
 SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
 PV_WAITS = ("row_max", "first_exps", "softmax")
-# Powers of two a row max may rise by before O is rescaled (upstream FA4's value on sm100).
+# Powers of two a row max may rise by before O is rescaled: probabilities stay <= 256.
 RESCALE_THRESHOLD = 8.0
 
 

@@ -64,7 +64,9 @@ def store_as_operand_a(acc: cute.Tensor, frag_a: cute.Tensor):
     32-bit register. Converting through a 16-bit vector instead (``.load().to(dtype)``) leaves
     ptxas splitting and re-packing register halves with PRMTs when tile_n / 16 is odd (hd256's
     80, hd192's 112); those PRMTs sit between the P @ V WGMMAs that read the registers, and
-    ptxas then waits for each WGMMA before issuing the next."""
+    ptxas then waits for each WGMMA before issuing the next. Inline PTX, not the NVVM
+    conversion op: that one gives shorter loops but measured 2-4% slower for hd64/hd128
+    (docs/perf_notes.md), the opaque form leaves the conversions where they are written."""
     src = acc_as_operand_a(acc)
     words = cute.recast_tensor(frag_a, Int32)
     is_bf16 = const_expr(frag_a.element_type == cutlass.BFloat16)
