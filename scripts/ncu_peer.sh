@@ -11,12 +11,9 @@ tensor_metrics=$(ncu --query-metrics 2>/dev/null | awk '{print $1}' | grep -E '^
 for provider in fa4 cudnn; do
   case $provider in fa4) kernels="regex:kernel_cutlass" ;; cudnn) kernels="regex:(sdpa|fmha|attn|cudnn)" ;; esac
   rep="$OUT/ncu_${provider}_${seqlen}_${hd}_${mask}"
-  ncu --clock-control none --launch-skip 3 --launch-count 1 -k "$kernels" \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
-      --section LaunchStats ${tensor_metrics:+--metrics $tensor_metrics} \
-      -o "$rep" -f python3 scripts/profile_one.py "$seqlen" "$hd" "$mask" 6 16384 $provider > "$rep.log" 2>&1
-  ncu --import "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
-  rm -f "$rep.ncu-rep"
+  profile_with_ncu "$rep" "$kernels" "--section SpeedOfLight --section ComputeWorkloadAnalysis
+      --section WarpStateStats --section Occupancy --section LaunchStats ${tensor_metrics:+--metrics $tensor_metrics}" \
+      "$seqlen" "$hd" "$mask" 6 16384 $provider
   echo "=== $provider seqlen $seqlen hd $hd $mask"
   grep -E "^  [a-z_]+.*(Kernel|kernel)|Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Registers Per|Achieved Occupancy|_cycles_active|Grid Size|Block Size|Dynamic Shared" "$rep.details.txt" | head -20
 done

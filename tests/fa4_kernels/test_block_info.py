@@ -2,8 +2,6 @@
 The kernels call the same methods with DSL integers; here they run on Python ints."""
 import random
 
-import pytest
-
 from fa4_kernels.block_info import BlockInfo
 
 INF = 1 << 30
