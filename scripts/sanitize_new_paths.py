@@ -1,7 +1,7 @@
 """Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
 three consumer warpgroups (hd64), pack-GQA (dense and varlen), dynamic scheduling with the
 mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
-shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256).
+shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer).
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_new_paths.py
 """
@@ -33,8 +33,16 @@ fa4.attention(q, k, v, window=(100, 20))
 # Varlen without pack-GQA: shifted first tiles, rows above a document's start not stored.
 q, k, v = (torch.randn(sum(lens), 2, 128, device=dev, dtype=bf16) for _ in range(3))
 fa4.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
-# hd256: O staged in Q's buffer, whole-tile epilogue, shifted.
+# hd256: O staged in V's buffer (the producer holds the next tile's V loads until the O store
+# has read it), whole-tile epilogue, shifted; more tiles than SMs, TMA-stored and row-copied
+# (pack-GQA) tiles.
 q, k, v = (torch.randn(1, 300, 2, 256, device=dev, dtype=bf16) for _ in range(3))
 fa4.attention(q, k, v, causal=True)
+q, k, v = (torch.randn(2, 1000, 16, 256, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v)
+fa4.attention(q, k, v, causal=True)
+q = torch.randn(2, 37, 8, 256, device=dev, dtype=bf16)
+k, v = (torch.randn(2, 300, 2, 256, device=dev, dtype=bf16) for _ in range(2))
+fa4.attention(q, k, v, pack_gqa=True)
 torch.cuda.synchronize()
 print("done")

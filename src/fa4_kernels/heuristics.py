@@ -60,9 +60,11 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         cfg = FwdConfig(tile_m=192, tile_n=128, num_stages=2,
                         pv_wait="row_max" if key.softcap else "first_exps")
     elif key.head_dim <= 128:
-        # FlashAttention-3 takes tile_n 176 for hd128 without a mask; here that forces O into
-        # Q's staging buffer (no Q prefetch during the epilogue) and measured slower on an H200
-        # (hd128 bf16 16k tokens: 572 vs 604 TFLOP/s at 4k, 606 vs 640 at 16k, same run).
+        # FlashAttention-3 takes tile_n 176 for hd128 without a mask. Here, with O staged in V's
+        # buffer as it needs (H100, bf16 16k tokens, two rounds, TFLOP/s at 1k/4k/16k): 128
+        # gives 637-643/733-746/730-743, 160 579-583/719/728-734, 176 600-604/705/719-724,
+        # 192 581-582/729/750-757. All but 128 leave a partial last block at power-of-two
+        # sequence lengths; 192's longer blocks pay that back only at 16k (+2%).
         cfg = FwdConfig(tile_m=128, tile_n=128, num_stages=2)
     elif key.head_dim <= 192:
         # O takes 64 (dv 128) or 96 (dv 192) registers; 112 columns of S keep dv 192 in budget.

@@ -7,8 +7,8 @@ import enum
 
 
 class FwdBarrier(enum.IntEnum):
-    # Whole-tile epilogue (O aliasing Q): all consumer threads are done with the previous use of
-    # the O staging buffer and with their last Q @ K^T before anyone writes O into it.
+    # Whole-tile epilogue (O aliasing V): all consumer threads are done with the previous use of
+    # the O staging buffer and with their last P @ V before anyone writes O into it.
     EPILOGUE_SMEM_FREE = 1
     # O is in shared memory (and fenced): the storing warp may issue the TMA store.
     EPILOGUE_O_READY = 2
@@ -16,7 +16,7 @@ class FwdBarrier(enum.IntEnum):
     # WG_SCHEDULER + k before issuing its GEMMs; the warpgroup before it arrives on it after
     # issuing its own. Ids 5, 6 (and 7 with three consumer warpgroups).
     WG_SCHEDULER = 5
-    # Per-warpgroup epilogue (O not aliasing Q): as EPILOGUE_SMEM_FREE / EPILOGUE_O_READY for the
+    # Per-warpgroup epilogue (O in its own buffer): as EPILOGUE_SMEM_FREE / EPILOGUE_O_READY for the
     # 64 rows of one warpgroup; ids 8, 9 (, 10) and 11, 12 (, 13).
     EPILOGUE_WG_SMEM_FREE = 8
     EPILOGUE_WG_O_READY = 11

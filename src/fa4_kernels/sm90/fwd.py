@@ -123,12 +123,17 @@ class FlashAttentionForwardSm90:
         smem_separate_o = elem * (
             tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
         )
-        self.o_aliases_q = smem_separate_o + 4096 > SMEM_LIMIT_SM90
+        # When O does not fit beside Q, K and V it is staged in V's buffer (FlashAttention-3's
+        # choice): V is free once every consumer has done its last P @ V, and the producer holds
+        # the next tile's first V load until the O store has read the buffer (mbar_O). Q keeps
+        # its own buffer, so the next tile's Q and first K still load during the epilogue.
+        self.o_aliases_v = smem_separate_o + 4096 > SMEM_LIMIT_SM90
+        assert not self.o_aliases_v or num_stages * tile_n >= tile_m, "O must fit in V's buffer"
         # Each consumer warpgroup stages and stores its own 64 rows of O, synchronising only its
         # own warps, so the warpgroups never meet at a tile boundary and the one ahead in the
-        # ping-pong starts the next tile while the other finishes. Not when O shares Q's buffer:
-        # a warpgroup's O rows would overwrite Q rows another warpgroup may still be reading.
-        self.wg_epilogue = not self.o_aliases_q
+        # ping-pong starts the next tile while the other finishes. Not when O shares V's buffer:
+        # a warpgroup's O rows would overwrite V rows another warpgroup may still be reading.
+        self.wg_epilogue = not self.o_aliases_v
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
 
     # ------------------------------------------------------------------ host side
@@ -255,17 +260,18 @@ class FlashAttentionForwardSm90:
         self.tx_bytes_K = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
         self.tx_bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
-        # O gets its own staging buffer when it fits, so the next tile's Q can load during the
-        # epilogue; otherwise it reuses Q's buffer and Q is released only after the O store.
-        cosize_QO = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
-        cosize_O = 0 if const_expr(self.o_aliases_q) else cute.cosize(sO_layout)
+        # O gets its own staging buffer when it fits, else it reuses V's (see __init__).
+        cosize_O = 0 if const_expr(self.o_aliases_v) else cute.cosize(sO_layout)
+        if const_expr(self.o_aliases_v):
+            assert cute.cosize(sO_layout) <= cute.cosize(sV_layout)
 
         @cute.struct
         class SharedStorage:
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_QO], 1024]
+            mbar_O: cute.struct.MemRange[cutlass.Int64, 1]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
@@ -367,6 +373,9 @@ class FlashAttentionForwardSm90:
         if const_expr(self.dynamic_schedule):
             if cute.arch.thread_idx()[0] == 0:
                 handoff_init(storage.mbar_tile.data_ptr(), self.num_mma_threads)
+        if const_expr(self.o_aliases_v):
+            if cute.arch.thread_idx()[0] == 0:
+                cute.arch.mbarrier_init(storage.mbar_O.data_ptr(), 1)  # the storing warp's lane 0
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -375,8 +384,8 @@ class FlashAttentionForwardSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         # sO: the (tile_m, dv) tile the accumulators are written to; sO_parts: what one TMA store
         # reads, (64, dv, warpgroup) parts with a per-warpgroup epilogue, else the tile itself.
-        if const_expr(self.o_aliases_q):
-            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        if const_expr(self.o_aliases_v):
+            sO = storage.sV.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
             sO_parts = sO
         elif const_expr(self.wg_epilogue):
             sO_parts = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
@@ -397,6 +406,7 @@ class FlashAttentionForwardSm90:
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
         tile_slots = storage.next_tile.get_tensor(cute.make_layout(HANDOFF_SLOTS))
         tile_mbar = storage.mbar_tile.data_ptr()
+        o_free_mbar = storage.mbar_O.data_ptr()
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -404,7 +414,7 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mTileCounter, tile_slots, tile_mbar, seqlens, pack_gqa,
+                    mTileCounter, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
@@ -414,7 +424,7 @@ class FlashAttentionForwardSm90:
                 pipeline_q, pipeline_k, pipeline_v,
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
-                scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, seqlens, pack_gqa,
+                scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
             )
 
     @cute.jit
@@ -441,6 +451,7 @@ class FlashAttentionForwardSm90:
         mTileCounter: cute.Tensor,
         tile_slots: cute.Tensor,
         tile_mbar: cute.Pointer,
+        o_free_mbar: cute.Pointer,
         seqlens,
         pack_gqa: Int32,
     ):
@@ -449,6 +460,7 @@ class FlashAttentionForwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         tile = scheduler.first_tile()
         handoffs = Int32(0)
+        tiles_loaded = Int32(0)
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
@@ -493,6 +505,12 @@ class FlashAttentionForwardSm90:
                     )
                     cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
+            if const_expr(self.o_aliases_v):
+                # V's buffer holds the previous tile's O until its store has read it (the
+                # consumers say so during this tile's first Q @ K^T, loaded above).
+                if tiles_loaded > 0:
+                    cute.arch.mbarrier_wait(o_free_mbar, (tiles_loaded - 1) % 2)
+                tiles_loaded += 1
             # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
             # issue order (Q @ K^T of j-1 together with P @ V of j).
             for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
@@ -544,6 +562,7 @@ class FlashAttentionForwardSm90:
         seqlen_k: Int32,
         tile_slots: cute.Tensor,
         tile_mbar: cute.Pointer,
+        o_free_mbar: cute.Pointer,
         seqlens,
         pack_gqa: Int32,
     ):
@@ -571,6 +590,7 @@ class FlashAttentionForwardSm90:
 
         tile = scheduler.first_tile()
         handoffs = Int32(0)
+        handoffs_o = Int32(0)
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
@@ -589,6 +609,14 @@ class FlashAttentionForwardSm90:
             acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
             wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
             self.scheduler_signal()
+            if const_expr(self.o_aliases_v):
+                # The previous tile's O store has read V's buffer by now, or soon: the storing
+                # warp waits for that here, under this Q @ K^T, rather than right after issuing
+                # the store (which held its warpgroup back at the tile boundary: measured 1%
+                # slower at seqlen 1k for hd192/hd256).
+                if handoffs_o > 0:
+                    self.release_o_buffer(o_free_mbar)
+                handoffs_o += 1
             warpgroup.wait_group(0)
             pipeline_k.consumer_release(kv_state)
             self.scores_to_probs(
@@ -619,10 +647,8 @@ class FlashAttentionForwardSm90:
                 for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
                     kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
 
-            # Every Q @ K^T of this tile has completed: the producer may load the next Q, unless
-            # O is staged in Q's buffer (then after the O store).
-            if const_expr(not self.o_aliases_q):
-                pipeline_q.consumer_release(q_state)
+            # Every Q @ K^T of this tile has completed: the producer may load the next Q.
+            pipeline_q.consumer_release(q_state)
             # Last P @ V.
             pipeline_v.consumer_wait(kv_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
@@ -633,9 +659,7 @@ class FlashAttentionForwardSm90:
             row_scale = softmax.finalize()
             softmax.rescale(acc_O, row_scale, final=True)
             self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
-                          batch_idx, seq, rows)
-            if const_expr(self.o_aliases_q):
-                pipeline_q.consumer_release(q_state)
+                          batch_idx, seq, rows, o_free_mbar)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 tile = handoff_receive(tile_slots, tile_mbar, handoffs)
@@ -780,6 +804,7 @@ class FlashAttentionForwardSm90:
         batch_idx: Int32,
         seq: SeqlenInfo,
         rows: TileRows,
+        o_free_mbar: cute.Pointer,
     ):
         is_store_warp = self.is_store_warp()
         # Who synchronises and stores which rows: each warpgroup its own 64 rows (from its own
@@ -801,7 +826,7 @@ class FlashAttentionForwardSm90:
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         # The previous TMA store from these rows of sO must have read them (the storing warp
-        # waits for it), and when sO aliases sQ every consumer must be past its last Q @ K^T.
+        # waits for it), and when sO aliases sV every consumer must be past its last P @ V.
         if is_store_warp:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=smem_free_id, number_of_threads=group_threads)
@@ -857,6 +882,24 @@ class FlashAttentionForwardSm90:
             else:
                 cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
                 self.store_rows(sO_store, first_row, group_threads, tidx % group_threads, mO, batch_idx, seq, rows)
+        if const_expr(self.o_aliases_v):
+            # V's buffer goes back to the producer (release_o_buffer, next tile) once O has been
+            # read out of it: by the TMA store, whose issuing warp waits for its reads then, or
+            # here by every thread's row copies. The proxy fence orders those generic accesses
+            # before the producer's TMA writes.
+            if not whole or start + store_rows <= 0:
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
+
+    @cute.jit
+    def release_o_buffer(self, o_free_mbar: cute.Pointer):
+        """O aliasing V: the storing warp lets the producer load V again once its last TMA store
+        of O has read shared memory (row-copied tiles were read before the epilogue's barrier)."""
+        if self.is_store_warp():
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(o_free_mbar)
 
     @cute.jit
     def store_rows(self, sO_rows: cute.Tensor, first_row: Int32, num_threads: cutlass.Constexpr[int], tidx: Int32,
