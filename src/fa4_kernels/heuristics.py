@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 from fa4_kernels.catalog import VariantKey
 
 SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
+# Beyond the tiles: the mbarriers before the first (1024-byte aligned) tile buffer and the
+# tile hand-off slots after the last.
+SMEM_RESERVED = 2048
 PV_WAITS = ("row_max", "first_exps", "softmax")
 # Powers of two a row max may rise by before O is rescaled: probabilities stay <= 256.
 RESCALE_THRESHOLD = 8.0
@@ -39,11 +42,27 @@ class FwdConfig:
     # non-causal 1k/4k/16k 624/751/755 -> 652/784/799 TFLOP/s, hd128 4k 720 -> 730, 16k
     # 707 -> 715-736; hd64 (O is 32 registers) 0 to -2%, so it keeps 0.
     rescale_threshold: float = 0.0
+    # O staged in V's buffer for want of its own (place_buffers): the next tile's V then waits
+    # for the O store, and both warpgroups store O together.
+    o_in_v: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
-        q_or_o = self.tile_m * max(head_dim, head_dim_v)
+        q = self.tile_m * head_dim
+        o = 0 if self.o_in_v else self.tile_m * head_dim_v
         kv = self.num_stages * self.tile_n * (head_dim + head_dim_v)
-        return (q_or_o + kv) * elem_bytes + 1024  # + barriers and alignment
+        return (q + o + kv) * elem_bytes + SMEM_RESERVED
+
+
+def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
+    """O in its own shared-memory buffer when it fits beside Q and the K/V stages (each consumer
+    warpgroup then stores its rows on its own), else in V's buffer. A second Q buffer (the next
+    tile's Q loading while this tile reads its own) fits hd64-hd128 but measured slower where
+    it matters: its per-stage Q address costs the K/V loop ~20 instructions (docs/perf_notes.md)."""
+    for o_in_v in (False, True):
+        placed = replace(cfg, o_in_v=o_in_v)
+        if placed.smem_bytes(head_dim, head_dim_v) <= SMEM_LIMIT_SM90:
+            return placed
+    raise ValueError(f"no buffer placement of {cfg} fits shared memory")
 
 
 def fwd_config(key: VariantKey) -> FwdConfig:
@@ -77,6 +96,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     if key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
-    assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
+    cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
+    assert cfg.o_in_v is False or cfg.num_stages * cfg.tile_n >= cfg.tile_m  # O fits V's buffer
     assert cfg.pv_wait in PV_WAITS
     return cfg

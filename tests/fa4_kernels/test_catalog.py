@@ -1,3 +1,7 @@
+import dataclasses
+
+import pytest
+
 from fa4_kernels import catalog, heuristics
 
 
@@ -35,6 +39,21 @@ def test_every_variant_has_a_config_that_fits_shared_memory():
         assert cfg.tile_m == (192 if key.head_dim <= 64 else 128)
         assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
+
+
+def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
+    for key in catalog.all_variants():
+        cfg = heuristics.fwd_config(key)
+        own = dataclasses.replace(cfg, o_in_v=False)
+        fits_own = own.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
+        assert cfg.o_in_v == (not fits_own), key.name
+        if cfg.o_in_v:  # the O tile is staged in the V stages
+            assert cfg.num_stages * cfg.tile_n >= cfg.tile_m, key.name
+    # hd128 keeps its own O buffer (per-warpgroup epilogue); hd256 cannot.
+    assert not heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False)).o_in_v
+    assert heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 256, 256, "none", False)).o_in_v
+    with pytest.raises(ValueError, match="fits shared memory"):
+        heuristics.place_buffers(heuristics.FwdConfig(tile_m=128, tile_n=256, num_stages=2), 256, 256)
 
 
 def test_rescale_threshold_only_where_o_rescale_is_costly():

@@ -39,7 +39,6 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from fa4_kernels.block_info import BlockInfo, TileRows, block_rows, row_shift
-from fa4_kernels.heuristics import SMEM_LIMIT_SM90
 from fa4_kernels.hopper_mma import (
     always_one_after,
     new_accumulator,
@@ -99,6 +98,7 @@ class FlashAttentionForwardSm90:
         is_varlen: bool = False,
         pv_wait: str = "first_exps",
         rescale_threshold: float = 0.0,
+        o_in_v: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -119,16 +119,13 @@ class FlashAttentionForwardSm90:
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
         # Masked tiles and packed sequences differ in length: balance them dynamically.
         self.dynamic_schedule = is_causal or is_local or is_varlen
-        elem = dtype.width // 8
-        smem_separate_o = elem * (
-            tile_m * (head_dim + head_dim_v) + num_stages * tile_n * (head_dim + head_dim_v)
-        )
-        # When O does not fit beside Q, K and V it is staged in V's buffer (FlashAttention-3's
-        # choice): V is free once every consumer has done its last P @ V, and the producer holds
-        # the next tile's first V load until the O store has read the buffer (mbar_O). Q keeps
-        # its own buffer, so the next tile's Q and first K still load during the epilogue.
-        self.o_aliases_v = smem_separate_o + 4096 > SMEM_LIMIT_SM90
-        assert not self.o_aliases_v or num_stages * tile_n >= tile_m, "O must fit in V's buffer"
+        # O is staged in V's buffer when it does not fit beside Q, K and V (heuristics.
+        # place_buffers; FlashAttention-3's choice): V is free once every consumer has done its
+        # last P @ V, and the producer holds the next tile's first V load until the O store has
+        # read the buffer (mbar_O). Q keeps its own buffer, so the next tile's Q and first K
+        # still load during the epilogue.
+        self.o_aliases_v = o_in_v
+        assert not o_in_v or num_stages * tile_n >= tile_m, "O must fit in V's buffer"
         # Each consumer warpgroup stages and stores its own 64 rows of O, synchronising only its
         # own warps, so the warpgroups never meet at a tile boundary and the one ahead in the
         # ping-pong starts the next tile while the other finishes. Not when O shares V's buffer:
