@@ -107,5 +107,11 @@ def row_shift(tile_m: cutlass.Constexpr[int], pack_gqa: Int32, seqlen_q: Int32,
     shift = Int32(0)
     if const_expr(partial_tile_first):
         if pack_gqa == 1:
-            shift = (tile_m - seqlen_q % tile_m) % tile_m
+            shift = partial_tile_shift(tile_m, seqlen_q)
     return shift
+
+
+def partial_tile_shift(tile_m: int, seqlen_q):
+    """(-seqlen_q) mod tile_m, the shift of ``row_shift``, as plain arithmetic: on DSL integers
+    in the kernels, on Python ints in the CPU tests."""
+    return (tile_m - seqlen_q % tile_m) % tile_m

@@ -2,7 +2,7 @@
 The kernels call the same methods with DSL integers; here they run on Python ints."""
 import random
 
-from fa4_kernels.block_info import BlockInfo
+from fa4_kernels.block_info import BlockInfo, partial_tile_shift
 
 INF = 1 << 30
 
@@ -33,7 +33,10 @@ def cases():
             rng.choice([0, 5, 100, 333]), rng.choice([0, 7, 64, 250]))
         # Tiles as the kernel lays them out: causal/local ones shifted so that the first is the
         # partial one, which BlockInfo sees as a sequence of seqlen_q + shift rows.
-        shift = (-seqlen_q) % block_rows if mask != "none" else 0
+        shift = 0
+        if mask != "none":
+            shift = partial_tile_shift(block_rows, seqlen_q)
+            assert 0 <= shift < block_rows and (seqlen_q + shift) % block_rows == 0  # last tile full
         for m_block in range(-(-(seqlen_q + shift) // block_rows)):
             yield tile_n, block_rows, seqlen_q, seqlen_k, mask, left, right, shift, m_block
 
