@@ -2,9 +2,11 @@
 
     python -m fa4.bench                       # FlashAttention-3 paper setup, head_dim 64 and 128
     python -m fa4.bench --head-dims 128 --seqlens 4096 16384 --flex
+    python -m fa4.bench --head-dims 192x128      # head_dim 192 for q/k, 128 for v
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
-causal and not. TFLOP/s = 4 * batch * heads * seqlen^2 * head_dim / time, halved when causal.
+causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
+when causal.
 Median of CUDA-event-timed runs after warm-up; each provider runs on its own set of
 inputs, rotated between runs so the 50-60 MB L2 does not serve repeats.
 """
@@ -45,14 +47,27 @@ def time_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> float:
     return statistics.median(times)
 
 
-def make_inputs(batch, seqlen, heads, head_dim, dtype, copies, layout):
+def head_dim_pair(text: str) -> tuple[int, int]:
+    """"128" -> (128, 128); "192x128" -> (192, 128): head_dim of q/k, head_dim of v."""
+    dims = [int(d) for d in text.lower().split("x")]
+    if len(dims) not in (1, 2) or min(dims) <= 0:
+        raise argparse.ArgumentTypeError(f"head dim {text!r}: expected D or DxDV, e.g. 128 or 192x128")
+    return dims[0], dims[-1]
+
+
+def head_dim_label(head_dim: int, head_dim_v: int) -> str:
+    return str(head_dim) if head_dim == head_dim_v else f"{head_dim}x{head_dim_v}"
+
+
+def make_inputs(batch, seqlen, heads, head_dim, dtype, copies, layout, head_dim_v=None):
     """Tensors as every provider sees them, (B, H, S, D), stored either that way ("bhsd") or
     as (B, S, H, D) ("bshd", fa4's native layout) and transposed: no provider copies."""
-    def one():
+    def one(dim):
         if layout == "bhsd":
-            return torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype)
-        return torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
-    return [tuple(one() for _ in range(3)) for _ in range(copies)]
+            return torch.randn(batch, heads, seqlen, dim, device="cuda", dtype=dtype)
+        return torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype).transpose(1, 2)
+    dims = (head_dim, head_dim, head_dim if head_dim_v is None else head_dim_v)
+    return [tuple(one(d) for d in dims) for _ in range(copies)]
 
 
 def providers(causal: bool, flex: bool):
@@ -86,24 +101,24 @@ def bench_varlen(args, dtype) -> None:
     same total tokens and head shape. TFLOP/s count only useful FLOPs (within documents)."""
     gen = torch.Generator().manual_seed(0)
     print(f"\nvarlen: {args.varlen_docs} random-length documents in {args.tokens} tokens, causal")
-    for head_dim in args.head_dims:
+    for head_dim, head_dim_v in args.head_dims:
         heads = args.hidden // head_dim
         cuts = torch.randperm(args.tokens - 1, generator=gen)[: args.varlen_docs - 1].add(1).sort().values
         bounds = [0] + cuts.tolist() + [args.tokens]
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
         cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-        flops = sum(4 * heads * s * s * head_dim / 2 for s in lengths)
-        inputs = [tuple(torch.randn(args.tokens, heads, head_dim, device="cuda", dtype=dtype) for _ in range(3))
-                  for _ in range(3)]
+        flops = sum(2 * heads * s * s * (head_dim + head_dim_v) / 2 for s in lengths)
+        inputs = [tuple(torch.randn(args.tokens, heads, d, device="cuda", dtype=dtype)
+                        for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
         ms = time_ms(lambda i: fa4.attention_varlen(*inputs[i % 3], cu, cu, max(lengths), max(lengths), causal=True),
                      args.warmup, args.iters)
         varlen_tflops = flops / (ms * 1e-3) / 1e12
         seqlen = args.tokens // args.varlen_docs
-        dense = make_inputs(args.varlen_docs, seqlen, heads, head_dim, dtype, 3, "bshd")
-        dense_flops = 4 * args.varlen_docs * heads * seqlen * seqlen * head_dim / 2
+        dense = make_inputs(args.varlen_docs, seqlen, heads, head_dim, dtype, 3, "bshd", head_dim_v)
+        dense_flops = 2 * args.varlen_docs * heads * seqlen * seqlen * (head_dim + head_dim_v) / 2
         ms_dense = time_ms(lambda i: providers(True, False)["fa4"](*dense[i % 3]), args.warmup, args.iters)
         dense_tflops = dense_flops / (ms_dense * 1e-3) / 1e12
-        print(f"hd={head_dim:3d} docs={lengths}\n  varlen {varlen_tflops:6.1f} TFLOP/s  dense causal "
+        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s} docs={lengths}\n  varlen {varlen_tflops:6.1f} TFLOP/s  dense causal "
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
@@ -146,12 +161,12 @@ def bench_gemm_ceiling(args, dtype) -> None:
         print(f"  {n}x{n}x{n}: {2 * n ** 3 / (ms * 1e-3) / 1e12:6.1f} TFLOP/s", flush=True)
 
 
-def host_overhead_us(causal: bool, head_dim: int, calls: int = 200) -> float:
+def host_overhead_us(causal: bool, head_dim: int, head_dim_v: int, calls: int = 200) -> float:
     """CPU time per fa4.attention call on a tiny problem (launches queued, no sync in between):
     the floor under which GPU time per call stops mattering."""
     import time
 
-    q, k, v = (torch.randn(1, 128, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, 128, 2, d, device="cuda", dtype=torch.bfloat16) for d in (head_dim, head_dim, head_dim_v))
     for _ in range(10):
         fa4.attention(q, k, v, causal=causal)
     torch.cuda.synchronize()
@@ -165,7 +180,8 @@ def host_overhead_us(causal: bool, head_dim: int, calls: int = 200) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--head-dims", type=head_dim_pair, nargs="+", default=[(64, 64), (128, 128)],
+                    help="D (q/k/v) or DxDV (q/k, v), e.g. 64 128 192x128")
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--tokens", type=int, default=16384)
@@ -189,37 +205,38 @@ def main(argv=None):
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
     if "fa4" in args.providers.split(","):  # a head dim and mask being timed: partial builds have no other
-        hd = args.head_dims[0]
-        per_call = ", ".join(f"{host_overhead_us(c, hd):.0f} us ({'causal' if c else 'no mask'})" for c in causals)
-        print(f"host time per fa4.attention call (hd{hd}): {per_call}")
+        hd, hdv = args.head_dims[0]
+        per_call = ", ".join(f"{host_overhead_us(c, hd, hdv):.0f} us ({'causal' if c else 'no mask'})" for c in causals)
+        print(f"host time per fa4.attention call (hd{head_dim_label(hd, hdv)}): {per_call}")
     print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, {args.layout} storage; "
           f"TFLOP/s (median of {args.iters} samples of 5 back-to-back calls)")
     names = None
     rows = []
-    for head_dim in args.head_dims:
+    for head_dim, head_dim_v in args.head_dims:
         heads = args.hidden // head_dim
+        label = head_dim_label(head_dim, head_dim_v)
         for causal in causals:
             for seqlen in args.seqlens:
                 batch = max(1, args.tokens // seqlen)
-                flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                flops = 2 * batch * heads * seqlen * seqlen * (head_dim + head_dim_v) / (2 if causal else 1)
                 result = {}
                 wanted = set(args.providers.split(",")) | ({"Flex"} if args.flex else set())
                 for name, fn in providers(causal, args.flex).items():
                     if name not in wanted:
                         continue
-                    inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, 3, args.layout)
+                    inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, 3, args.layout, head_dim_v)
                     try:
                         ms = time_ms(lambda i: fn(*inputs[i % len(inputs)]), args.warmup, args.iters)
                         result[name] = flops / (ms * 1e-3) / 1e12
                     except Exception as e:  # a peer may not support a shape; say so and go on
-                        print(f"  {name} failed at hd={head_dim} s={seqlen}: {type(e).__name__}: {str(e)[:120]}")
+                        print(f"  {name} failed at hd={label} s={seqlen}: {type(e).__name__}: {str(e)[:120]}")
                         result[name] = float("nan")
                     del inputs
                 names = list(result)
-                rows.append((head_dim, seqlen, causal, result))
+                rows.append((label, seqlen, causal, result))
                 cells = "  ".join(f"{n} {result[n]:6.1f}" for n in names)
                 ratio = result["fa4"] / result["cuDNN"] if {"fa4", "cuDNN"} <= set(result) else float("nan")
-                print(f"hd={head_dim:3d} seqlen={seqlen:5d} causal={int(causal)}  {cells}  fa4/cuDNN {ratio:.3f}",
+                print(f"hd={label:>3s} seqlen={seqlen:5d} causal={int(causal)}  {cells}  fa4/cuDNN {ratio:.3f}",
                       flush=True)
     if args.varlen_docs:
         bench_varlen(args, dtype)
@@ -231,8 +248,8 @@ def main(argv=None):
     header = "| head_dim | seqlen | causal | " + " | ".join(names) + "".join(f" | fa4/{p}" for p in peers) + " |"
     print("\n" + header)
     print("|" + "---|" * (header.count("|") - 1))
-    for head_dim, seqlen, causal, r in rows:
-        print(f"| {head_dim} | {seqlen} | {'yes' if causal else 'no'} | "
+    for label, seqlen, causal, r in rows:
+        print(f"| {label} | {seqlen} | {'yes' if causal else 'no'} | "
               + " | ".join(f"{r[n]:.0f}" for n in names)
               + "".join(f" | {r['fa4'] / r[p]:.3f}" for p in peers) + " |")
 
