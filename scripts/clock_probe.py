@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
+from fa4.bench import attention_flops
 
 
 def sample_smi(stop: threading.Event, out: list):
@@ -42,7 +43,7 @@ def main():
     b, h = max(1, args.tokens // s), 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for causal in (False, True):
-        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        flops = attention_flops(b, h, s, d, d, causal)
         for name in ("fa4", "cuDNN"):
             if name == "fa4":
                 def fn():

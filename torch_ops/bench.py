@@ -55,6 +55,12 @@ def head_dim_pair(text: str) -> tuple[int, int]:
     return dims[0], dims[-1]
 
 
+def attention_flops(batch: int, heads: int, seqlen: int, head_dim: int, head_dim_v: int, causal: bool) -> float:
+    """FLOPs of one forward call as FlashAttention counts them: Q @ K^T and P @ V over the full
+    square (2 * s^2 * d and 2 * s^2 * dv per head), halved for a causal mask."""
+    return 2 * batch * heads * seqlen * seqlen * (head_dim + head_dim_v) / (2 if causal else 1)
+
+
 def head_dim_label(head_dim: int, head_dim_v: int) -> str:
     return str(head_dim) if head_dim == head_dim_v else f"{head_dim}x{head_dim_v}"
 
@@ -107,7 +113,7 @@ def bench_varlen(args, dtype) -> None:
         bounds = [0] + cuts.tolist() + [args.tokens]
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
         cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-        flops = sum(2 * heads * s * s * (head_dim + head_dim_v) / 2 for s in lengths)
+        flops = sum(attention_flops(1, heads, s, head_dim, head_dim_v, causal=True) for s in lengths)
         inputs = [tuple(torch.randn(args.tokens, heads, d, device="cuda", dtype=dtype)
                         for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
         ms = time_ms(lambda i: fa4.attention_varlen(*inputs[i % 3], cu, cu, max(lengths), max(lengths), causal=True),
@@ -115,7 +121,7 @@ def bench_varlen(args, dtype) -> None:
         varlen_tflops = flops / (ms * 1e-3) / 1e12
         seqlen = args.tokens // args.varlen_docs
         dense = make_inputs(args.varlen_docs, seqlen, heads, head_dim, dtype, 3, "bshd", head_dim_v)
-        dense_flops = 2 * args.varlen_docs * heads * seqlen * seqlen * (head_dim + head_dim_v) / 2
+        dense_flops = attention_flops(args.varlen_docs, heads, seqlen, head_dim, head_dim_v, causal=True)
         ms_dense = time_ms(lambda i: providers(True, False)["fa4"](*dense[i % 3]), args.warmup, args.iters)
         dense_tflops = dense_flops / (ms_dense * 1e-3) / 1e12
         print(f"hd={head_dim_label(head_dim, head_dim_v):>3s} docs={lengths}\n  varlen {varlen_tflops:6.1f} TFLOP/s  dense causal "
@@ -218,7 +224,7 @@ def main(argv=None):
         for causal in causals:
             for seqlen in args.seqlens:
                 batch = max(1, args.tokens // seqlen)
-                flops = 2 * batch * heads * seqlen * seqlen * (head_dim + head_dim_v) / (2 if causal else 1)
+                flops = attention_flops(batch, heads, seqlen, head_dim, head_dim_v, causal)
                 result = {}
                 wanted = set(args.providers.split(",")) | ({"Flex"} if args.flex else set())
                 for name, fn in providers(causal, args.flex).items():

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fa4
+from fa4.bench import attention_flops
 
 
 def _sdpa(q, k, v, causal):
@@ -35,7 +36,7 @@ def main():
     print(f"fa4 {fa4.__version__} on {where}: causal GQA attention {tuple(q.shape)} -> {tuple(out.shape)}")
     print(f"relative difference to torch SDPA: {err:.2e}")
     if on_gpu:
-        flops = 4 * b * hq * s * s * d / 2
+        flops = attention_flops(b, hq, s, d, d, causal=True)
         for name, fn in (("fa4", lambda: fa4.attention(q, k, v, causal=True)), ("SDPA", lambda: _sdpa(q, k, v, True))):
             for _ in range(3):
                 fn()

@@ -60,7 +60,8 @@ def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
     it matters: its per-stage Q address costs the K/V loop ~20 instructions (docs/perf_notes.md)."""
     for o_in_v in (False, True):
         placed = replace(cfg, o_in_v=o_in_v)
-        if placed.smem_bytes(head_dim, head_dim_v) <= SMEM_LIMIT_SM90:
+        o_fits = not o_in_v or cfg.num_stages * cfg.tile_n >= cfg.tile_m  # the O tile in V's stages
+        if o_fits and placed.smem_bytes(head_dim, head_dim_v) <= SMEM_LIMIT_SM90:
             return placed
     raise ValueError(f"no buffer placement of {cfg} fits shared memory")
 
@@ -97,6 +98,5 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     if key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
-    assert cfg.o_in_v is False or cfg.num_stages * cfg.tile_n >= cfg.tile_m  # O fits V's buffer
     assert cfg.pv_wait in PV_WAITS
     return cfg

@@ -54,6 +54,8 @@ def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
     assert heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 256, 256, "none", False)).o_in_v
     with pytest.raises(ValueError, match="fits shared memory"):
         heuristics.place_buffers(heuristics.FwdConfig(tile_m=128, tile_n=256, num_stages=2), 256, 256)
+    with pytest.raises(ValueError, match="fits shared memory"):  # fits, but O outgrows the V stages
+        heuristics.place_buffers(heuristics.FwdConfig(tile_m=192, tile_n=64, num_stages=2), 256, 256)
 
 
 def test_rescale_threshold_only_where_o_rescale_is_costly():

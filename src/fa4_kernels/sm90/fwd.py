@@ -124,13 +124,13 @@ class FlashAttentionForwardSm90:
         # last P @ V, and the producer holds the next tile's first V load until the O store has
         # read the buffer (mbar_O). Q keeps its own buffer, so the next tile's Q and first K
         # still load during the epilogue.
-        self.o_aliases_v = o_in_v
+        self.o_in_v = o_in_v
         assert not o_in_v or num_stages * tile_n >= tile_m, "O must fit in V's buffer"
         # Each consumer warpgroup stages and stores its own 64 rows of O, synchronising only its
         # own warps, so the warpgroups never meet at a tile boundary and the one ahead in the
         # ping-pong starts the next tile while the other finishes. Not when O shares V's buffer:
         # a warpgroup's O rows would overwrite V rows another warpgroup may still be reading.
-        self.wg_epilogue = not self.o_aliases_v
+        self.wg_epilogue = not self.o_in_v
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
 
     # ------------------------------------------------------------------ host side
@@ -258,9 +258,7 @@ class FlashAttentionForwardSm90:
         self.tx_bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
         # O gets its own staging buffer when it fits, else it reuses V's (see __init__).
-        cosize_O = 0 if const_expr(self.o_aliases_v) else cute.cosize(sO_layout)
-        if const_expr(self.o_aliases_v):
-            assert cute.cosize(sO_layout) <= cute.cosize(sV_layout)
+        cosize_O = 0 if const_expr(self.o_in_v) else cute.cosize(sO_layout)
 
         @cute.struct
         class SharedStorage:
@@ -370,7 +368,7 @@ class FlashAttentionForwardSm90:
         if const_expr(self.dynamic_schedule):
             if cute.arch.thread_idx()[0] == 0:
                 handoff_init(storage.mbar_tile.data_ptr(), self.num_mma_threads)
-        if const_expr(self.o_aliases_v):
+        if const_expr(self.o_in_v):
             if cute.arch.thread_idx()[0] == 0:
                 cute.arch.mbarrier_init(storage.mbar_O.data_ptr(), 1)  # the storing warp's lane 0
         cute.arch.mbarrier_init_fence()
@@ -381,7 +379,7 @@ class FlashAttentionForwardSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         # sO: the (tile_m, dv) tile the accumulators are written to; sO_parts: what one TMA store
         # reads, (64, dv, warpgroup) parts with a per-warpgroup epilogue, else the tile itself.
-        if const_expr(self.o_aliases_v):
+        if const_expr(self.o_in_v):
             sO = storage.sV.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
             sO_parts = sO
         elif const_expr(self.wg_epilogue):
@@ -502,7 +500,7 @@ class FlashAttentionForwardSm90:
                     )
                     cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
-            if const_expr(self.o_aliases_v):
+            if const_expr(self.o_in_v):
                 # V's buffer holds the previous tile's O until its store has read it (the
                 # consumers say so during this tile's first Q @ K^T, loaded above).
                 if tiles_loaded > 0:
@@ -606,7 +604,7 @@ class FlashAttentionForwardSm90:
             acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
             wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
             self.scheduler_signal()
-            if const_expr(self.o_aliases_v):
+            if const_expr(self.o_in_v):
                 # The previous tile's O store has read V's buffer by now, or soon: the storing
                 # warp waits for that here, under this Q @ K^T, rather than right after issuing
                 # the store (which held its warpgroup back at the tile boundary: measured 1%
@@ -879,7 +877,7 @@ class FlashAttentionForwardSm90:
             else:
                 cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
                 self.store_rows(sO_store, first_row, group_threads, tidx % group_threads, mO, batch_idx, seq, rows)
-        if const_expr(self.o_aliases_v):
+        if const_expr(self.o_in_v):
             # V's buffer goes back to the producer (release_o_buffer, next tile) once O has been
             # read out of it: by the TMA store, whose issuing warp waits for its reads then, or
             # here by every thread's row copies. The proxy fence orders those generic accesses
