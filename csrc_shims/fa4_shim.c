@@ -85,9 +85,24 @@ static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank,
   return FA4_OK;
 }
 
+/* The split-tail workspace layout of src/fa4_kernels/split_partials.py: 32 semaphore words, then
+ * one flag per (CTA, consumer warpgroup); one fp32 slot per CTA of tile_m * (head_dim_v + 8)
+ * words (per consumer thread: head_dim_v / 2 O values, 2 row maxima, 2 row sums). */
+#define FA4_FLAGS_BASE 32
+
+int32_t fa4_split_workspace(int32_t index, int32_t head_dim_v, int32_t num_sms, int64_t *semaphore_words,
+                            int64_t *partial_words) {
+  if (index < 0 || index >= fa4_variant_count)
+    return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
+  const fa4_variant *variant = &fa4_variants[index];
+  *semaphore_words = FA4_FLAGS_BASE + (int64_t)num_sms * (variant->tile_m / 64);
+  *partial_words = (int64_t)num_sms * variant->tile_m * (head_dim_v + 8);
+  return FA4_OK;
+}
+
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
-                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
+                const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
                 void *stream) {
   if (index < 0 || index >= fa4_variant_count)
@@ -97,7 +112,8 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if ((status = check_tensor("q", q, 4, 2)) || (status = check_tensor("k", k, 4, 2)) ||
       (status = check_tensor("v", v, 4, 2)) || (status = check_tensor("out", o, 4, 2)) ||
       (status = check_tensor("lse", lse, 3, 4)) ||
-      (status = check_tensor("tile_counter", tile_counter, 1, 4)) ||
+      (status = check_tensor("semaphores", semaphores, 1, 4)) ||
+      (status = check_tensor("partials", partials, 1, 4)) ||
       (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4)) ||
       (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4)) ||
       (status = check_tensor("seqused_k", seqused_k, 1, 4)) ||
@@ -126,6 +142,17 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                          seq_order->shape[0] + 1 != cu_seqlens_q->shape[0]))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
                 "max_seqlen_q >= 1, seqused_k and seq_order one entry per sequence");
+  if (params->tail_ctas != 0) {
+    int64_t semaphore_words, partial_words;
+    fa4_split_workspace(index, (int32_t)v->shape[3], params->num_sms, &semaphore_words, &partial_words);
+    if (!variant->split_tail || params->tail_ctas < 0 || params->tail_ctas > params->num_sms)
+      return fail(FA4_ERR_BAD_TENSOR, "tail_ctas %d: must be 0%s", params->tail_ctas,
+                  variant->split_tail ? " or up to num_sms" : " (this variant does not split its tail)");
+    if (semaphores->shape[0] < semaphore_words || partials->shape[0] < partial_words)
+      return fail(FA4_ERR_BAD_TENSOR, "split tail: semaphores need %lld words, partials %lld; got %lld "
+                  "and %lld", (long long)semaphore_words, (long long)partial_words,
+                  (long long)semaphores->shape[0], (long long)partials->shape[0]);
+  }
   if (q->shape[0] * q->shape[2] * ((q->shape[1] + 127) / 128) > INT32_MAX)
     return fail(FA4_ERR_BAD_TENSOR, "too many tiles for one launch (batch * heads * seqlen_q / 128 >= 2^31)");
 
@@ -140,7 +167,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 variant->name, variant->cc_major, variant->cc_minor, device, major, minor);
   if ((status = ensure_loaded(index, device))) return status;
 
-  int32_t ret = variant->fwd(q, k, v, o, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, seqused_k,
+  int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
                              seq_order, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));

@@ -27,6 +27,8 @@ typedef struct {
   int32_t max_seqlen_q;    /* varlen: longest query sequence (>= 1) */
   int32_t has_seqused_k;   /* varlen: 1 when seqused_k holds per-sequence key counts */
   int32_t pack_gqa;        /* q heads stacked in one tile: 1, or heads_q / heads_kv in {2,4,8,16} */
+  int32_t tail_ctas;       /* split-tail variants: CTAs sharing the last round's tiles, 0..num_sms
+                              (0: no split; see src/fa4_kernels/tile_scheduler.py, SplitTail) */
 } fa4_fwd_params;
 
 enum fa4_status {
@@ -44,16 +46,24 @@ const char *fa4_variant_name(int32_t index);
 /* Message describing the last failure on this thread. */
 const char *fa4_last_error(void);
 
-/* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32,
- * tile_counter (1,) int32 that must be 0 at launch (variants with dynamic scheduling count
- * claimed tiles in it). Varlen variants: b = 1 and sq/sk are the packed totals; cu_seqlens_q/k
+/* Workspace sizes (in 4-byte words) a launch of `variant` with this head_dim_v and params->num_sms
+ * needs when params->tail_ctas > 0 (else 1 semaphore word and any partials vector). Returns 0,
+ * or FA4_ERR_BAD_VARIANT. */
+int32_t fa4_split_workspace(int32_t variant, int32_t head_dim_v, int32_t num_sms, int64_t *semaphore_words,
+                            int64_t *partial_words);
+
+/* q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), o (b, sq, hq, dv), lse (b, hq, sq) fp32.
+ * semaphores: int32 vector, zero at launch: word 0 counts claimed tiles (dynamic scheduling);
+ * with a split tail (params->tail_ctas > 0) words from 32 on are per-CTA flags, which the kernel
+ * leaves zero again. partials: fp32 scratch vector for split tiles (any contents).
+ * Sizes: fa4_split_workspace. Varlen variants: b = 1 and sq/sk are the packed totals; cu_seqlens_q/k
  * (n + 1,) int32 offsets, seqused_k (n,) int32 (read when params->has_seqused_k), seq_order
  * (n,) int32: a permutation of the sequences, the order in which their tiles are scheduled
  * (longest first, say). Dense variants ignore those four (any int32 vectors). Launches on
  * `stream` (a cudaStream_t) on the current device. */
 int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
-                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
+                const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
                 void *stream);
 

@@ -36,6 +36,7 @@ class FwdParams(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int32),
         ("has_seqused_k", ctypes.c_int32),
         ("pack_gqa", ctypes.c_int32),
+        ("tail_ctas", ctypes.c_int32),
     ]
 
 
@@ -76,7 +77,10 @@ def library() -> ctypes.CDLL:
     lib.fa4_last_error.restype = ctypes.c_char_p
     ptr = ctypes.POINTER(Tensor)
     lib.fa4_fwd.restype = ctypes.c_int32
-    lib.fa4_fwd.argtypes = [ctypes.c_int32] + [ptr] * 10 + [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    lib.fa4_fwd.argtypes = [ctypes.c_int32] + [ptr] * 11 + [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    lib.fa4_split_workspace.restype = ctypes.c_int32
+    words = ctypes.POINTER(ctypes.c_int64)
+    lib.fa4_split_workspace.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, words, words]
     return lib
 
 
@@ -109,22 +113,33 @@ def as_native(t) -> Tensor:
     return out
 
 
-def fwd(name: str, q, k, v, out, lse, tile_counter, cu_seqlens_q, cu_seqlens_k, seqused_k, seq_order,
+@functools.cache
+def split_workspace(name: str, head_dim_v: int, num_sms: int) -> tuple[int, int]:
+    """(semaphore words, partial words) a split-tail launch of this variant needs."""
+    sems, partials = ctypes.c_int64(), ctypes.c_int64()
+    if library().fa4_split_workspace(_index(name), head_dim_v, num_sms, ctypes.byref(sems), ctypes.byref(partials)):
+        raise NativeError(library().fa4_last_error().decode())
+    return sems.value, partials.value
+
+
+def fwd(name: str, q, k, v, out, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k, seq_order,
         softmax_scale: float, softcap: float, window_left: int, window_right: int,
         heads_per_group: int, num_sms: int, max_seqlen_q: int, has_seqused_k: bool, pack_gqa: int,
-        stream: int) -> None:
+        tail_ctas: int, stream: int) -> None:
     """Launch one compiled forward (see csrc_shims/fa4_shim.h for the argument rules).
 
-    ``tile_counter``: (1,) int32 CUDA tensor holding 0 (the kernel may count in it). Dense
-    variants ignore the cu_seqlens/seqused_k vectors (any int32 CUDA vectors).
+    ``semaphores``: int32 CUDA vector of zeros (the kernel may count tiles and raise flags in
+    it, and leaves the flags zero); ``partials``: fp32 CUDA scratch vector. With ``tail_ctas``
+    > 0 both must have the sizes ``split_workspace`` gives. Dense variants ignore the
+    cu_seqlens/seqused_k vectors (any int32 CUDA vectors).
     """
     lib = library()
     params = FwdParams(softmax_scale, softcap, window_left, window_right, heads_per_group, num_sms,
-                       max_seqlen_q, int(has_seqused_k), pack_gqa)
+                       max_seqlen_q, int(has_seqused_k), pack_gqa, tail_ctas)
     status = lib.fa4_fwd(
         _index(name), as_native(q), as_native(k), as_native(v), as_native(out), as_native(lse),
-        as_native(tile_counter), as_native(cu_seqlens_q), as_native(cu_seqlens_k), as_native(seqused_k),
-        as_native(seq_order),
+        as_native(semaphores), as_native(partials), as_native(cu_seqlens_q), as_native(cu_seqlens_k),
+        as_native(seqused_k), as_native(seq_order),
         ctypes.byref(params), ctypes.c_void_p(stream),
     )
     if status != 0:

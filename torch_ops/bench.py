@@ -133,8 +133,13 @@ def bench_gqa_decode(args, dtype):
     pack-GQA stacks the 4 query heads of a K/V head in one tile. Memory-bound, so reported as
     microseconds per call and GB/s of q/k/v/o traffic; SDPA (default backend, enable_gqa) is
     the peer."""
-    batch, hq, hk, d, sk = 16, 32, 8, 128, 8192
-    print(f"\nGQA {hq}/{hk} heads, hd{d}, batch {batch}, seqlen_k {sk}, causal (bottom-right): us per call (GB/s)")
+    hq, hk, d, sk = 32, 8, 128, 8192
+    for batch in args.decode_batches:
+        print(f"\nGQA {hq}/{hk} heads, hd{d}, batch {batch}, seqlen_k {sk}, causal (bottom-right): us per call (GB/s)")
+        bench_gqa_decode_batch(args, dtype, batch, hq, hk, d, sk)
+
+
+def bench_gqa_decode_batch(args, dtype, batch, hq, hk, d, sk):
     for sq in (1, 16, 64):
         inputs = [(torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype),
                    torch.randn(batch, sk, hk, d, device="cuda", dtype=dtype),
@@ -201,6 +206,8 @@ def main(argv=None):
                     help="also time attention_varlen on this many random-length documents per batch")
     ap.add_argument("--gqa-decode", action="store_true",
                     help="also time short-query GQA against a long KV cache, pack-GQA on and off")
+    ap.add_argument("--decode-batches", type=int, nargs="+", default=[16],
+                    help="batch sizes of the --gqa-decode cases")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")

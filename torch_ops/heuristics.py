@@ -43,6 +43,17 @@ def resolve_mask(causal: bool, window_left: int, window_right: int) -> MaskSpec:
     )
 
 
+def effective_mask(mask: MaskSpec, seqlen_q: int, seqlen_k: int) -> MaskSpec:
+    """The mask a dense call needs: none when the window hides no key from any row (bottom-right
+    aligned, row i sees keys i + seqlen_k - seqlen_q - left .. i + seqlen_k - seqlen_q + right),
+    i.e. left >= seqlen_k - 1 and right >= seqlen_q - 1. Causal decoding (one query row) is the
+    common case: it then runs the unmasked kernel, whose static schedule can split the few long
+    tiles of a decoding step over all SMs."""
+    if mask.kind != "none" and mask.window_left >= seqlen_k - 1 and mask.window_right >= seqlen_q - 1:
+        return MaskSpec("none", UNBOUNDED, UNBOUNDED)
+    return mask
+
+
 def arch_name(capability: tuple[int, int]) -> str | None:
     """Compiled arch for a device capability; None when fa4 has no kernels for it."""
     return {(9, 0): "sm_90a"}.get(tuple(capability))
@@ -104,6 +115,44 @@ def grid_size(num_sms: int, mask: str, persistent_override: bool | None = None) 
     kernel claims tiles dynamically from a global counter, so long and short tiles balance.
     """
     return num_sms if persistent_override in (None, True) else (1 << 31) - 1
+
+
+# Split tail (static schedule, no mask). Pieces are at least MIN_PIECE_BLOCKS K/V blocks long.
+MIN_PIECE_BLOCKS = 2
+
+
+def split_overhead_blocks(head_dim_v: int) -> int:
+    """K/V blocks' worth of time a piece of a split tile costs beyond its own blocks: it loads
+    its own Q, its first Q @ K^T and last P @ V have no partner GEMM to overlap, and its partial
+    result (tile_m x head_dim_v fp32) goes to L2 and back while the merger waits. Measured on an
+    H200 (bf16, 16k tokens, split on vs off, same runs): with 2 blocks assumed, hd128 at 1k (8
+    blocks a tile, 5 a piece) lost 1% and hd256 at 1k (13 a tile, 10 a piece) 1-3%, while the
+    4k/16k splits gained 1-3%; so 3 blocks, and 5 for the wide partials of head_dim_v > 128."""
+    return 3 if head_dim_v <= 128 else 5
+
+
+def split_tail_ctas(num_tiles: int, num_sms: int, n_blocks: int, head_dim_v: int = 128,
+                    override: bool | None = None) -> int:
+    """CTAs to split the static schedule's last round of tiles over (0: no split).
+
+    Equal tiles on a persistent grid take ceil(num_tiles / num_sms) rounds, the last one only
+    partly filled (hd128 in the FlashAttention benchmark setup: 2048 tiles on 132 SMs leave 68
+    tiles for round 16, while 64 SMs idle). Cutting those tiles into pieces of K/V blocks dealt
+    out over all SMs shortens that round from n_blocks to about tail * n_blocks / num_sms blocks
+    plus split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile
+    is split this way. ``override``: False never splits, True splits whenever pieces can
+    outnumber the tiles.
+    """
+    tail = num_tiles % num_sms  # all of them when there are fewer tiles than SMs
+    if override is False or tail == 0 or n_blocks < MIN_PIECE_BLOCKS:
+        return 0
+    units = tail * n_blocks
+    ctas = min(num_sms, units // MIN_PIECE_BLOCKS)
+    if ctas <= tail:  # no more pieces than tiles: nothing to gain
+        return 0
+    if override is None and -(-units // ctas) + split_overhead_blocks(head_dim_v) >= n_blocks:
+        return 0
+    return ctas
 
 
 PACKABLE_GROUPS = (2, 4, 8, 16)  # query heads per K/V head that pack-GQA can stack in a tile

@@ -76,13 +76,31 @@ def _unused_vector(index: int) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=torch.device("cuda", index))
 
 
-def _tile_counter(device: torch.device, dynamic: bool) -> torch.Tensor:
-    """Masked variants schedule tiles dynamically and count claims in this buffer: a fresh zero
-    per call (a memset, captured like any other op under CUDA graphs). The others never touch
-    it, so they share one per device."""
-    if dynamic:
-        return torch.zeros(1, dtype=torch.int32, device=device)
-    return _unused_vector(device.index)[:1]
+def _tile_counter(device: torch.device) -> torch.Tensor:
+    """Masked and varlen variants schedule tiles dynamically and count claims in word 0 of the
+    semaphores: a fresh zero per call (a memset, captured like any other op under CUDA graphs)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+# Split-tail flags per (device, stream): zero when created, and every kernel leaves them zero
+# (each merger resets the flags it consumed), so calls on one stream reuse them without a
+# memset. One buffer per stream: kernels on different streams may run at the same time.
+_split_semaphores: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _split_workspace(device: torch.device, stream: int, words: tuple[int, int]):
+    """(semaphores, partials) for a split-tail launch; partials are scratch (any contents)."""
+    sem_words, partial_words = words
+    partials = torch.empty(partial_words, dtype=torch.float32, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        # A cached buffer created here would be zeroed inside the graph, not now: a fresh one
+        # per captured call instead, its (small) memset replayed with the graph.
+        return torch.zeros(sem_words, dtype=torch.int32, device=device), partials
+    key = (device.index, stream)
+    semaphores = _split_semaphores.get(key)
+    if semaphores is None or semaphores.numel() < sem_words:
+        semaphores = _split_semaphores[key] = torch.zeros(sem_words, dtype=torch.int32, device=device)
+    return semaphores, partials
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -136,6 +154,8 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
             "move the tensors to the CPU for the reference implementation."
         )
     capability, l2_bytes, num_sms = _device_facts(q.device.index)
+    if varlen is None:
+        mask = heuristics.effective_mask(mask, q.shape[1], k.shape[1])
     key = heuristics.call_key(capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3],
                               mask.kind, softcap > 0.0, varlen is not None)
     variant = _variant_table().get(key)
@@ -161,11 +181,24 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
     group = heuristics.heads_per_group(l2_bytes, seqlen_k, q.shape[3], v.shape[3], q.element_size(), pairs,
                                       settings.l2_swizzle_bytes(), mask.kind)
     grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
-    tile_counter = _tile_counter(q.device, dynamic=mask.kind != "none" or varlen is not None)
-    args = (variant["name"], q, k, v, out, lse, tile_counter, cu_q, cu_k,
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    tail_ctas = 0
+    if variant.get("split_tail") and grid == num_sms:
+        # Static schedule: as many tiles as the kernel counts, each seeing every K/V block.
+        num_tiles = q.shape[0] * (q.shape[2] // packed) * -(-q.shape[1] // block_rows)
+        n_blocks = -(-k.shape[1] // variant["tile_n"])
+        tail_ctas = heuristics.split_tail_ctas(num_tiles, num_sms, n_blocks, v.shape[3],
+                                               settings.split_tail_override())
+    if tail_ctas:
+        semaphores, partials = _split_workspace(
+            q.device, stream, _native.split_workspace(variant["name"], v.shape[3], num_sms))
+    else:
+        dynamic = mask.kind != "none" or varlen is not None  # the kernel claims tiles from a counter
+        semaphores = _tile_counter(q.device) if dynamic else _unused_vector(q.device.index)
+        partials = _unused_vector(q.device.index).view(torch.float32)
+    args = (variant["name"], q, k, v, out, lse, semaphores, partials, cu_q, cu_k,
             used_k if used_k is not None else cu_q, order, softmax_scale, softcap, mask.window_left,
-            mask.window_right, group, grid, tile_rows, used_k is not None, packed,
-            torch.cuda.current_stream(q.device).cuda_stream)
+            mask.window_right, group, grid, tile_rows, used_k is not None, packed, tail_ctas, stream)
     if torch.cuda.current_device() == q.device.index:
         _native.fwd(*args)
     else:  # the library launches on the current device

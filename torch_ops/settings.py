@@ -27,3 +27,10 @@ def persistent_override() -> bool | None:
     """FA4_PERSISTENT=0/1: force a one-CTA-per-tile grid or the persistent one (tuning knob)."""
     value = os.environ.get("FA4_PERSISTENT")
     return None if value in (None, "") else value == "1"
+
+
+def split_tail_override() -> bool | None:
+    """FA4_SPLIT_TAIL=0/1: never split the last round of tiles, or split it whenever there is one
+    (tuning knob; default: fa4.heuristics.split_tail_ctas's choice)."""
+    value = os.environ.get("FA4_SPLIT_TAIL")
+    return None if value in (None, "") else value == "1"

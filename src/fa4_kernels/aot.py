@@ -84,7 +84,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
         pv_wait=cfg.pv_wait, rescale_threshold=cfg.rescale_threshold,
-        o_in_v=cfg.o_in_v,
+        o_in_v=cfg.o_in_v, split_tail=cfg.split_tail,
     )
 
     def bshd(dim):
@@ -98,16 +98,15 @@ def compile_variant(name: str, out_dir: Path) -> None:
         Float32, tuple(cute.sym_int() for _ in range(3)), stride=(cute.sym_int64(), cute.sym_int64(), 1),
         assumed_align=4,
     )
-    tile_counter = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
+    def vector(dtype=cutlass.Int32, align=4):
+        return make_fake_tensor(dtype, (cute.sym_int(),), stride=(1,), assumed_align=align)
 
-    def int_vector():
-        return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-
+    semaphores, partials = vector(align=16), vector(Float32, 16)
     compiled = cute.compile(
-        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, tile_counter,
-        int_vector(), int_vector(), int_vector(), int_vector(),
+        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse,
+        semaphores, partials, vector(), vector(), vector(), vector(),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
-        make_fake_stream(),
+        Int32(0), make_fake_stream(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -175,7 +174,8 @@ def _tensor_fill(name: str, header: str) -> str:
     The fake tensors make the leading sizes and strides dynamic and the trailing ones static,
     so the generated struct holds exactly the leading n sizes and m strides.
     """
-    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mTileCounter": "tile_counter",
+    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
+            "mPartials": "partials",
             "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k",
             "mSeqOrder": "seq_order"}
     lines = []
@@ -217,19 +217,20 @@ static int32_t {n}_load(int32_t device) {{
   return (int32_t)ret;
 }}
 static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *tile_counter,
-                       const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                       const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *p,
-                       cudaStream_t stream) {{
+                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
+                       const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
+                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
+                       const fa4_tensor *seq_order, const fa4_fwd_params *p, cudaStream_t stream) {{
 {_tensor_fill(n, header)}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_tile_counter,
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
                               &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
                               p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
-                              p->pack_gqa, stream);
+                              p->pack_gqa, p->tail_ctas, stream);
 }}""")
-        tile_m = heuristics.fwd_config(key).tile_m
-        rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {tile_m}, {n}_init, {n}_load, {n}_fwd}},')
+        cfg = heuristics.fwd_config(key)
+        rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {cfg.tile_m}, {int(cfg.split_tail)}, '
+                    f'{n}_init, {n}_load, {n}_fwd}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows
     out.append("};")

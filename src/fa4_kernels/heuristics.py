@@ -45,6 +45,11 @@ class FwdConfig:
     # O staged in V's buffer for want of its own (place_buffers): the next tile's V then waits
     # for the O store, and both warpgroups store O together.
     o_in_v: bool = False
+    # Equal tiles (no mask, dense batch) are scheduled statically, and the last round's tiles
+    # may be split into pieces of K/V blocks over all SMs (tile_scheduler.SplitTail; the host
+    # decides per call how many CTAs take part, fa4.heuristics.split_tail_ctas). Masked and
+    # packed variable-length tiles differ in length and are scheduled dynamically instead.
+    split_tail: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -97,6 +102,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     if key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
+    cfg = replace(cfg, split_tail=key.mask == "none" and not key.varlen)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg

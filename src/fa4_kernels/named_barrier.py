@@ -20,3 +20,7 @@ class FwdBarrier(enum.IntEnum):
     # 64 rows of one warpgroup; ids 8, 9 (, 10) and 11, 12 (, 13).
     EPILOGUE_WG_SMEM_FREE = 8
     EPILOGUE_WG_O_READY = 11
+    # Split tiles (split_partials): a warpgroup's partial stores before its flag, its flag wait
+    # before its partial loads. The ids of EPILOGUE_WG_SMEM_FREE again (8, 9, 10; 128 threads):
+    # a warpgroup uses them for partials only outside its epilogue, with the same thread count.
+    SPLIT_WG = 8

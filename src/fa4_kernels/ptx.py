@@ -40,3 +40,17 @@ def loop_bound_zero(x: Int32, *, loc=None, ip=None) -> Int32:
     """
     return Int32(inline_asm(T.i32(), "{\n.reg .pred p;\nsetp.eq.s32 p, $1, -2147483648;\nselp.s32 $0, 512, 0, p;\n}",
                             "=r,r", (Int32(x),), volatile=True, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def nanosleep(*, loc=None, ip=None) -> None:
+    """Back off for a while (~0.1-1 us) between polls: keeps a waiting warp off the issue slots."""
+    llvm.inline_asm(None, [], "nanosleep.u32 256;", "", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def trap(*, loc=None, ip=None) -> None:
+    """Abort the kernel (the launch then fails with an error instead of hanging)."""
+    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)

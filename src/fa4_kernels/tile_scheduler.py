@@ -20,12 +20,132 @@ order. The order is FlashAttention-3's longest-processing-time-first order with 
   running together stream the same K/V through L2;
 * with ``longest_first`` (causal/local: later m_blocks see more keys) m_blocks run from the
   last to the first, so the long tiles start early and the short ones fill the tail.
+
+Split tail (static mode): equal tiles rarely fill the last round (hd128 in the FlashAttention
+benchmark setup: 2048 tiles on 132 SMs is 15.5 rounds, so half the SMs idle through the 16th).
+The tiles of that last round are cut into pieces of consecutive K/V blocks and dealt out evenly
+to ``tail_ctas`` CTAs (``SplitTail``). A piece that does not end its tile's K/V range stores its
+unnormalised partial result (``split_partials``); the CTA holding the tile's block 0 reaches
+that piece last, at the end of its share, merges the other pieces' partials and writes the
+output. Each CTA writes at most one partial (its first piece) and merges at most one tile (its
+last), and writers never wait, so the grid (one CTA per SM, all resident) cannot deadlock.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
+
+
+# Piece roles of the split tail.
+WHOLE, WRITER, MERGER = 0, 1, 2
+UNBOUNDED_BLOCKS = 1 << 30  # the K/V block bound of a whole tile
+
+
+@dataclass(frozen=True)
+class SplitTail:
+    """The static schedule's last round, split into pieces of K/V blocks (see the module doc).
+
+    Pure integer arithmetic (no branches): the kernels run it on DSL integers, the CPU tests on
+    Python ints. Units are (tail tile, K/V block) pairs numbered tile-major; CTA c of the first
+    ``ctas`` takes a contiguous range of them, the first ``units % ctas`` CTAs one unit more.
+    ``for_cta`` fixes one CTA's share once, so that the divisions stay out of the tile loop
+    (``piece``, ``in_tail``: multiplies and adds only; measured: at 1k, 2-3% of a tile).
+    """
+    num_tiles: int
+    grid: int
+    n_blocks: int  # K/V blocks of every tile (no mask: all tiles see all keys)
+    tail_ctas: int  # CTAs the host wants the tail split over (0: no split)
+    # Set by for_cta: the CTA, the full rounds, 1 when the tail is split (for every CTA, also
+    # those with an empty share), the CTA's share [first, end) of the tail's units and the tail
+    # tile holding its first unit.
+    cta: int = 0
+    rounds: int = 0
+    split: int = 0
+    first: int = 0
+    end: int = 0
+    first_tile: int = 0
+
+    @property
+    def full_rounds(self):
+        return self.num_tiles // self.grid
+
+    @property
+    def units(self):
+        return (self.num_tiles - self.full_rounds * self.grid) * self.n_blocks
+
+    @property
+    def ctas(self):
+        """CTAs sharing the tail: 0 when there is none or no split was asked for."""
+        return cutlass.min(cutlass.max(self.tail_ctas, 0), self.grid, self.units)
+
+    def start(self, cta):
+        """First unit of ``cta``'s share (``units`` for CTAs beyond ``ctas``)."""
+        ctas = cutlass.max(self.ctas, 1)
+        per_cta, extra = self.units // ctas, self.units % ctas
+        cta = cutlass.min(cta, ctas)
+        return cta * per_cta + cutlass.min(cta, extra)
+
+    def for_cta(self, cta):
+        """This split with ``cta``'s share fixed (CTAs past ``ctas`` get an empty share)."""
+        first = self.start(cta)
+        return replace(self, cta=cta, rounds=self.full_rounds, split=cutlass.min(self.ctas, 1), first=first,
+                       end=self.start(cta + 1), first_tile=first // self.n_blocks)
+
+    def in_tail(self, item):
+        """1 when the CTA's ``item``-th piece of work comes from a split tail, else 0."""
+        return self.split * cutlass.min(cutlass.max(item - self.rounds + 1, 0), 1)
+
+    def work(self, item):
+        """(tile, first K/V block, end K/V block, valid: 0/1) of the for_cta'd CTA's item-th
+        piece of work: round ``item`` of the snake (see the module doc), or after the full
+        rounds of a split tail the pieces of its share (block bounds to intersect with the
+        tile's own range; whole tiles get [0, UNBOUNDED_BLOCKS)).
+
+        The choice is arithmetic, not a branch: values merged from branches lose their place on
+        the uniform datapath in ptxas, and with them the K/V loop's trip count and every WGMMA
+        descriptor in it (docs/perf_notes.md)."""
+        odd = item % 2  # odd rounds run the other way
+        tile = item * self.grid + self.cta + odd * (self.grid - 1 - 2 * self.cta)
+        in_tail = self.in_tail(item)
+        tail_tile, lo, hi = self.piece(cutlass.max(item - self.rounds, 0))
+        tile = tile + in_tail * (self.rounds * self.grid + tail_tile - tile)
+        kv_lo = in_tail * lo
+        kv_hi = UNBOUNDED_BLOCKS + in_tail * (hi - UNBOUNDED_BLOCKS)
+        in_grid = cutlass.min(cutlass.max(self.num_tiles - tile, 0), 1)
+        return tile, kv_lo, kv_hi, in_grid * (1 - in_tail + in_tail * cutlass.min(cutlass.max(hi - lo, 0), 1))
+
+    def piece(self, j):
+        """(tail tile, first block, end block) of the share's j-th piece, empty (hi <= lo) past
+        the share. Pieces after the first start at their tile's block 0; a piece that ends
+        before ``n_blocks`` is cut at the share's end."""
+        tile = self.first_tile + j
+        lo = cutlass.max(self.first - tile * self.n_blocks, 0)
+        hi = cutlass.min(self.end - tile * self.n_blocks, self.n_blocks)
+        return tile, lo, hi
+
+    def role(self, lo, hi):
+        """WHOLE, WRITER (the piece misses its tile's block 0: store a partial) or MERGER (it
+        holds block 0 but not the whole tile: merge the others' partials, then store O)."""
+        writer = cutlass.min(lo, 1)
+        merger = cutlass.min(self.n_blocks - hi, 1) * (1 - writer)
+        return writer * WRITER + merger * MERGER
+
+    def owner(self, unit):
+        """The CTA whose share holds ``unit`` (< units)."""
+        ctas = cutlass.max(self.ctas, 1)
+        per_cta, extra = self.units // ctas, self.units % ctas
+        long_units = extra * (per_cta + 1)  # the first ``extra`` CTAs take per_cta + 1 units
+        in_long = cutlass.min(cutlass.max(long_units - unit, 0), 1)
+        return in_long * (unit // (per_cta + 1)) + (1 - in_long) * (
+            extra + cutlass.max(unit - long_units, 0) // cutlass.max(per_cta, 1))
+
+    def writers(self, cta):
+        """For ``cta``'s merging piece (its last, cut at its share's end): how many CTAs after
+        it hold the rest of that tile, each as a written partial (their first pieces)."""
+        end = self.start(cta + 1)
+        tile_end = (end // self.n_blocks + 1) * self.n_blocks
+        return self.owner(tile_end - 1) - cta
 
 
 @dataclass(frozen=True)
@@ -38,6 +158,7 @@ class StaticPersistentScheduler:
     block_rows: Int32  # query rows of one sequence per tile (tile_m, or tile_m / pack_gqa)
     mCuSeqlensQ: cute.Tensor | None = None  # varlen: tiles are enumerated per sequence ...
     mSeqOrder: cute.Tensor | None = None  # ... taking the sequences in this order (a permutation)
+    split: SplitTail | None = None  # static mode: the last round's split
 
     @property
     def num_tiles(self):
@@ -48,16 +169,18 @@ class StaticPersistentScheduler:
         return Int32(cute.arch.block_idx()[0])
 
     @cute.jit
-    def next_tile(self, tile: Int32):
-        """The tile this CTA takes in the next round of the snake."""
+    def static_work(self, item: Int32):
+        """Static mode: (tile, first K/V block, end K/V block, valid) of this CTA's item-th piece
+        of work (SplitTail.work)."""
+        if const_expr(self.split is not None):
+            tile, kv_lo, kv_hi, valid = self.split.work(item)  # for_cta'd: this CTA's share
+            return tile, kv_lo, kv_hi, valid > 0
         grid = Int32(cute.arch.grid_dim()[0])
         cta = Int32(cute.arch.block_idx()[0])
-        round_start = tile - tile % grid + grid
-        # (tile // grid) is the current round; the next one runs the other way.
-        nxt = round_start + cta
-        if (tile // grid) % 2 == 0:
-            nxt = round_start + grid - 1 - cta
-        return nxt
+        tile = item * grid + cta
+        if item % 2 == 1:
+            tile = item * grid + grid - 1 - cta
+        return tile, Int32(0), Int32(UNBOUNDED_BLOCKS), tile < self.num_tiles
 
     @cute.jit
     def decode(self, tile: Int32):

@@ -19,12 +19,11 @@ def _fake_header(name):
             int64_t dynamic_strides[{n_strides}];
         }} {name}_Tensor_{arg}_t;
         """)
-    static = f"typedef struct {{\n    void *data;\n}} {name}_Tensor_mTileCounter_t;\n"
     vectors = "".join(
         f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {name}_Tensor_{a}_t;\n"
-        for a in ("mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedK", "mSeqOrder")
+        for a in ("mSemaphores", "mPartials", "mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedK", "mSeqOrder")
     )
-    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + static + vectors
+    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + vectors
 
 
 def test_variant_digest_changes_with_sources_and_dsl_version():
@@ -40,16 +39,17 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header = tmp_path / f"{KEY.name}.h"
     header.write_text(_fake_header(KEY.name))
     c = aot.generate_table([(KEY, header)])
-    assert f'{{"{KEY.name}", 9, 0,' in c
+    assert f'{{"{KEY.name}", 9, 0, 0, 128, 0,' in c  # not varlen, tile_m 128, no split tail (causal)
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
     assert "t_lse.dynamic_strides[2]" not in c
-    assert "t_tile_counter.data = tile_counter->data;" in c and "t_tile_counter.dynamic" not in c
+    assert "t_semaphores.dynamic_shapes[0] = (int32_t)semaphores->shape[0];" in c
+    assert "&t_semaphores, &t_partials," in c and "p->tail_ctas, stream" in c
     assert "t_cu_seqlens_q.dynamic_shapes[0] = (int32_t)cu_seqlens_q->shape[0];" in c
     assert "t_seqused_k.dynamic_strides" not in c
     assert "t_seq_order.dynamic_shapes[0] = (int32_t)seq_order->shape[0];" in c
-    assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, stream" in c
+    assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, p->tail_ctas, stream" in c
     assert "fa4_variant_count = 1;" in c
 
 

@@ -211,10 +211,87 @@ def test_native_call_writes_every_output_element():
     lse = torch.full((2, 4, 1000), float("nan"), device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     unused = torch.zeros(2, dtype=torch.int32, device="cuda")
-    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, unused, unused, unused, unused,
-                0.088, 0.0, 1 << 30, 0, 3, 132, 1, False, 1, torch.cuda.current_stream().cuda_stream)
+    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, unused.view(torch.float32),
+                unused, unused, unused, unused, 0.088, 0.0, 1 << 30, 0, 3, 132, 1, False, 1, 0,
+                torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any()
+
+
+@pytest.mark.parametrize("dims", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlen_k_a_multiple_of_the_block(dims, causal):
+    """A tile's first K/V block then ends exactly at seqlen_k and skips the seqlen mask."""
+    d, dv = dims
+    tile_n = next(v["tile_n"] for v in _native.manifest()["variants"] if (v["head_dim"], v["head_dim_v"]) == dims)
+    q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 5 * tile_n, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 5 * tile_n, 2, dv, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v, causal=causal)
+
+
+SPLIT_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
+    (1, 4097, 4097, 2, 2),  # fewer tiles than SMs: each split in two
+    (1, 129, 17000, 8, 8),  # 16 long tiles: each split about eight ways
+    (3, 1, 5000, 16, 4),  # decoding with pack-GQA: 12 tiles, many ways each
+    (2, 1000, 3000, 4, 1),  # GQA without packing
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dims", HEAD_DIMS)
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+@pytest.mark.parametrize("softcap", [0.0, 7.0])
+def test_split_tail(monkeypatch, dtype, dims, shape, softcap):
+    """Tiles cut into pieces of K/V blocks over all SMs, partials merged (FA4_SPLIT_TAIL=1
+    splits whenever pieces can outnumber tiles). The partials buffer comes from the poisoned
+    allocator, so a merge that reads an unwritten slot fails."""
+    monkeypatch.setenv("FA4_SPLIT_TAIL", "1")
+    b, sq, sk, hq, hk = shape
+    d, dv = dims
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, dv, device="cuda", dtype=dtype)
+    check(q, k, v, softcap=softcap)
+
+
+def test_split_tail_after_full_rounds_by_default():
+    """The benchmark's case: full rounds of tiles, then a partial last round that the default
+    heuristic splits (1152 tiles = 8 rounds of 132 + 96; 16 K/V blocks each)."""
+    from fa4.heuristics import split_tail_ctas
+    q, k, v = (torch.randn(1, 2048, 72, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert split_tail_ctas(16 * 72, num_sms, 16) > 0
+    check(q, k, v)
+
+
+def test_split_tail_flags_are_left_zero_and_results_repeat():
+    from fa4 import ops
+    q, k, v = (torch.randn(1, 3000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    first = fa4.attention(q, k, v)
+    for _ in range(3):
+        assert torch.equal(fa4.attention(q, k, v), first)
+    torch.cuda.synchronize()
+    key = (0, torch.cuda.current_stream().cuda_stream)
+    assert key in ops._split_semaphores and not ops._split_semaphores[key].any()
+
+
+def test_split_tail_on_concurrent_streams():
+    """Each stream has its own flags: two split launches running at once do not mix partials."""
+    inputs = [tuple(torch.randn(1, 2500, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+              for _ in range(2)]
+    want = [fa4.attention(*x) for x in inputs]
+    streams = [torch.cuda.Stream() for _ in inputs]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = [[], []]
+    for _ in range(10):
+        for i, (s, x) in enumerate(zip(streams, inputs)):
+            with torch.cuda.stream(s):
+                outs[i].append(fa4.attention(*x))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(o, want[i]) for o in outs[i])
 
 
 def test_results_are_deterministic():
@@ -224,21 +301,23 @@ def test_results_are_deterministic():
         assert torch.equal(fa4.attention(q, k, v, causal=True), first)
 
 
-def test_cuda_graph_capture_and_replay():
-    q, k, v = (torch.randn(2, 512, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    fa4.attention(q, k, v, causal=True)  # load the module before capture
+@pytest.mark.parametrize("causal", [True, False])  # dynamic schedule; static with a split tail
+def test_cuda_graph_capture_and_replay(causal):
+    # 64 tiles of 16 K/V blocks: without a mask the tail (all of it) is split over every SM.
+    q, k, v = (torch.randn(1, 2048, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fa4.attention(q, k, v, causal=causal)  # load the module before capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = fa4.attention(q, k, v, causal=True)
+        out = fa4.attention(q, k, v, causal=causal)
     torch.cuda.current_stream().wait_stream(stream)
-    for _ in range(2):
+    for _ in range(3):
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, fa4.attention(q, k, v, causal=True))
+        assert torch.equal(out, fa4.attention(q, k, v, causal=causal))
 
 
 def test_opcheck_cuda():

@@ -84,3 +84,29 @@ def test_pack_gqa_factor_respects_the_tile_height():
     assert heuristics.pack_gqa_factor(8, 1, 1, 192) == 8
     with pytest.raises(ValueError, match="192-row tiles stack at most 8 heads"):
         heuristics.pack_gqa_factor(16, 1, 1, 192, True)
+
+
+def test_split_tail_takes_every_sm_for_a_partial_last_round():
+    split = heuristics.split_tail_ctas
+    assert split(2048, 132, 32) == 132  # hd128 at 4k: 68 tiles in round 16 over all 132 SMs
+    assert split(2048, 132, 8) == 0  # at 1k: 5 blocks a CTA + 3 overhead do not beat a tile of 8
+    assert split(3072, 132, 8, head_dim_v=64) == 132  # hd64 at 1k: 36 tail tiles, 3 blocks a CTA
+    assert split(8, 132, 64) == 132  # decoding-sized: 8 tiles over 132 SMs
+    assert split(264, 132, 32) == 0  # full rounds only
+    assert split(2048, 132, 32, override=False) == 0
+    assert split(1024, 132, 13, head_dim_v=256) == 0  # hd256 at 1k: wide partials, measured slower
+    assert split(1024, 132, 52, head_dim_v=256) == 132
+    assert split(2048, 132, 1) == 0  # single-block tiles cannot be cut
+    assert split(100, 132, 3) == 0  # 300 blocks on 132 SMs: 3 each + overhead, no better than one tile
+    assert split(100, 132, 3, override=True) == 132
+    assert split(131, 132, 2, override=True) == 0  # 131 two-block pieces: no more pieces than tiles
+
+
+def test_masks_that_hide_nothing_are_dropped():
+    causal, none = resolve_mask(True, -1, -1), resolve_mask(False, -1, -1)
+    assert heuristics.effective_mask(causal, 1, 5000) == none  # decoding: the one row sees every key
+    assert heuristics.effective_mask(causal, 2, 5000) == causal
+    assert heuristics.effective_mask(resolve_mask(False, 99, 0), 1, 100) == none
+    assert heuristics.effective_mask(resolve_mask(False, 98, 0), 1, 100).kind == "local"
+    assert heuristics.effective_mask(resolve_mask(False, 10, 20), 21, 11) == none
+    assert heuristics.effective_mask(resolve_mask(False, 10, 19), 21, 11).kind == "local"

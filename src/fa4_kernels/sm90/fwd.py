@@ -27,6 +27,7 @@ Masking is applied only on boundary blocks: the last K block (seqlen_k tail, plu
 right edge), the causal/local diagonal blocks, and the blocks on a local window's left edge.
 Blocks entirely outside the mask are never loaded.
 """
+from dataclasses import replace
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -52,7 +53,12 @@ from fa4_kernels.named_barrier import FwdBarrier
 from fa4_kernels.ptx import loop_bound_zero
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
+from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
 from fa4_kernels.tile_scheduler import (
+    MERGER,
+    UNBOUNDED_BLOCKS,
+    WRITER,
+    SplitTail,
     StaticPersistentScheduler,
     HANDOFF_SLOTS,
     claim_next_tile,
@@ -99,6 +105,7 @@ class FlashAttentionForwardSm90:
         pv_wait: str = "first_exps",
         rescale_threshold: float = 0.0,
         o_in_v: bool = False,
+        split_tail: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -119,6 +126,10 @@ class FlashAttentionForwardSm90:
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
         # Masked tiles and packed sequences differ in length: balance them dynamically.
         self.dynamic_schedule = is_causal or is_local or is_varlen
+        # Equal tiles go out statically; the last round's tiles may then be split into pieces
+        # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
+        self.split_tail = split_tail
+        assert not (split_tail and self.dynamic_schedule), "only the static schedule splits its tail"
         # O is staged in V's buffer when it does not fit beside Q, K and V (heuristics.
         # place_buffers; FlashAttention-3's choice): V is free once every consumer has done its
         # last P @ V, and the producer holds the next tile's first V load until the O store has
@@ -134,11 +145,12 @@ class FlashAttentionForwardSm90:
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
 
     # ------------------------------------------------------------------ host side
-    def scheduler(self, mQ: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
-                  mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32) -> StaticPersistentScheduler:
-        """mQ in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
+    def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
+                  mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32,
+                  tail_ctas: Int32, grid=None) -> StaticPersistentScheduler:
+        """mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
         pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
-        head index is the K/V head."""
+        head index is the K/V head. ``grid``: the launched grid (in the kernel), for the split."""
         rows = block_rows(self.tile_m, pack_gqa)
         num_heads = cute.size(mQ.shape[2]) // pack_gqa
         if const_expr(self.is_varlen):
@@ -147,10 +159,16 @@ class FlashAttentionForwardSm90:
                 cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1), self.is_causal or self.is_local,
                 rows, mCuSeqlensQ, mSeqOrder,
             )
-        return StaticPersistentScheduler(
+        sched = StaticPersistentScheduler(
             cute.ceil_div(cute.size(mQ.shape[0]), rows), num_heads,
             cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, rows,
         )
+        if const_expr(self.split_tail and grid is not None):
+            # No mask: every tile visits all ceil(seqlen_k / tile_n) K/V blocks.
+            n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+            split = SplitTail(sched.num_tiles, grid, n_blocks, tail_ctas)
+            sched = replace(sched, split=split.for_cta(Int32(cute.arch.block_idx()[0])))
+        return sched
 
     def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k):
         return SeqlenInfo.create(batch_idx, seqlen_q, seqlen_k, self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
@@ -198,7 +216,8 @@ class FlashAttentionForwardSm90:
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
-        mTileCounter: cute.Tensor,  # (1,) int32, zero at launch; used by dynamic scheduling
+        mSemaphores: cute.Tensor,  # int32: dynamic scheduling's tile counter, split-tail flags (split_partials)
+        mPartials: cute.Tensor,  # fp32: partial results of split tiles (split_partials)
         mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32 row offsets into the packed q/out
         mCuSeqlensK: cute.Tensor,  # varlen: (batch + 1,) into the packed k/v
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
@@ -212,6 +231,7 @@ class FlashAttentionForwardSm90:
         max_seqlen_q: Int32,  # varlen: the longest sequence (bounds the tile count)
         has_seqused_k: Int32,  # varlen: 1 when mSeqUsedK holds the key counts
         pack_gqa: Int32,  # 1, or heads_q / heads_kv (a power of two <= 16): stack those heads in a tile
+        tail_ctas: Int32,  # static schedule: CTAs to split the last round's tiles over (0: none)
         stream: cuda.CUstream,
     ):
         """Dense: q (batch, seqlen_q, heads_q, head_dim) etc. Varlen: the same tensors with
@@ -273,8 +293,13 @@ class FlashAttentionForwardSm90:
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * HANDOFF_SLOTS]
             next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS]
 
-        num_tiles = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa).num_tiles
-        grid = (cutlass.min(num_tiles, num_sms), 1, 1)
+        num_tiles = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
+                                   tail_ctas).num_tiles
+        if const_expr(self.split_tail):
+            # With fewer tiles than SMs, a split tail spreads them over up to tail_ctas CTAs.
+            grid = (cutlass.min(num_sms, cutlass.max(num_tiles, tail_ctas)), 1, 1)
+        else:
+            grid = (cutlass.min(num_tiles, num_sms), 1, 1)
 
         if const_expr(self.has_softcap):
             # tanh soft-capping is applied to raw scores: s <- softcap * tanh(s * scale / softcap),
@@ -286,8 +311,8 @@ class FlashAttentionForwardSm90:
             scale_log2 = softmax_scale * LOG2_E
 
         self.kernel(
-            tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mTileCounter,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, max_seqlen_q, has_seqused_k, pack_gqa,
+            tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mSemaphores, mPartials,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
             tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -310,7 +335,8 @@ class FlashAttentionForwardSm90:
         mO: cute.Tensor,  # plain (seqlen, dim, head, batch) tensor: row-by-row stores
         tma_O: cute.Tensor,  # its TMA view: whole-tile stores
         mLSE: cute.Tensor,
-        mTileCounter: cute.Tensor,
+        mSemaphores: cute.Tensor,
+        mPartials: cute.Tensor,
         mCuSeqlensQ: cute.Tensor,
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,
@@ -318,6 +344,7 @@ class FlashAttentionForwardSm90:
         max_seqlen_q: Int32,
         has_seqused_k: Int32,
         pack_gqa: Int32,
+        tail_ctas: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_Qc: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
@@ -397,7 +424,10 @@ class FlashAttentionForwardSm90:
         )
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        scheduler = self.scheduler(mQ, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa)
+        scheduler = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
+                                   tail_ctas, Int32(cute.arch.grid_dim()[0]))
+        partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
+                                 partial_words_per_thread(self.head_dim_v))
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
         tile_slots = storage.next_tile.get_tensor(cute.make_layout(HANDOFF_SLOTS))
         tile_mbar = storage.mbar_tile.data_ptr()
@@ -409,7 +439,7 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mTileCounter, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
+                    mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
@@ -420,6 +450,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
+                partials,
             )
 
     @cute.jit
@@ -443,7 +474,7 @@ class FlashAttentionForwardSm90:
         scheduler: StaticPersistentScheduler,
         seqlen_q: Int32,
         seqlen_k: Int32,
-        mTileCounter: cute.Tensor,
+        mSemaphores: cute.Tensor,
         tile_slots: cute.Tensor,
         tile_mbar: cute.Pointer,
         o_free_mbar: cute.Pointer,
@@ -453,10 +484,10 @@ class FlashAttentionForwardSm90:
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        tile = scheduler.first_tile()
+        cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         tiles_loaded = Int32(0)
-        m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
@@ -477,7 +508,8 @@ class FlashAttentionForwardSm90:
             tVsV, tVgV = cpasync.tma_partition(
                 tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
             )
-            n_block_min, n_block_max = block_info.n_block_range(seq.seqlen_q + shift, seq.seqlen_k, m_block)
+            n_block_min, n_block_max = self.block_range(block_info, seq.seqlen_q + shift, seq.seqlen_k, m_block,
+                                                        kv_lo, kv_hi)
 
             # K of the last block first: the consumers start with Q @ K^T of that block.
             pipeline_k.producer_acquire(kv_state)
@@ -523,12 +555,12 @@ class FlashAttentionForwardSm90:
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
             if const_expr(self.dynamic_schedule):
-                tile = claim_next_tile(mTileCounter.iterator)
-                handoff_publish(tile_slots, tile_mbar, handoffs, tile)
+                cursor = claim_next_tile(mSemaphores.iterator)
+                handoff_publish(tile_slots, tile_mbar, handoffs, cursor)
                 handoffs += 1
             else:
-                tile = scheduler.next_tile(tile)
-            m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+                cursor += 1
+            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
 
     @cute.jit
     def consume(
@@ -560,6 +592,7 @@ class FlashAttentionForwardSm90:
         o_free_mbar: cute.Pointer,
         seqlens,
         pack_gqa: Int32,
+        partials: SplitPartials,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -583,17 +616,18 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
-        tile = scheduler.first_tile()
+        cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
-        m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
             seqlen_q_tiled = seq.seqlen_q + shift  # what K/V block ranges see
             mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.block_rows,
                                  block_info.window_left, block_info.window_right)
-            n_block_min, n_block_max = block_info.n_block_range(seqlen_q_tiled, seq.seqlen_k, m_block)
+            n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
+                                                        kv_lo, kv_hi)
             pipeline_q.consumer_wait(q_state)
 
             # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
@@ -614,11 +648,22 @@ class FlashAttentionForwardSm90:
                 handoffs_o += 1
             warpgroup.wait_group(0)
             pipeline_k.consumer_release(kv_state)
-            self.scores_to_probs(
+            first_block = lambda mask_seqlen: self.scores_to_probs(  # noqa: E731
                 acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, rows.first_row, n_block_max - 1,
-                mask_seqlen=True, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
+                mask_seqlen=mask_seqlen, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
                 is_first=True,
             )
+            # Only a block reaching past seqlen_k needs the seqlen mask: at lengths that are a
+            # multiple of tile_n (and in split pieces that end early) the first block is full,
+            # and its softmax, which nothing overlaps, skips ~100 compare/select instructions.
+            # Not with causal/local masks, whose first block is mostly masked anyway (and whose
+            # hd64 softcap consumers spill with a second copy of it).
+            if const_expr(self.is_causal or self.is_local):
+                first_block(True)
+            elif n_block_max * self.tile_n > seq.seqlen_k:
+                first_block(True)
+            else:
+                first_block(False)
 
             step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
@@ -651,21 +696,82 @@ class FlashAttentionForwardSm90:
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
 
-            row_scale = softmax.finalize()
-            softmax.rescale(acc_O, row_scale, final=True)
-            self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
-                          batch_idx, seq, rows, o_free_mbar)
+            if const_expr(self.split_tail):
+                # A piece of a split tile (static schedule's last round): writers leave their
+                # partial state for the tile's merger; the merger folds every writer's in first.
+                split = scheduler.split
+                role = split.role(kv_lo, cutlass.min(kv_hi, split.n_blocks))
+                cta = Int32(cute.arch.block_idx()[0])
+                sync_id = int(FwdBarrier.SPLIT_WG) + wg_idx
+                if role == WRITER:
+                    live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
+                    partials.store(cta, wg_idx, tidx, acc_O, softmax.row_max, softmax.row_sum, live, sync_id)
+                else:
+                    if role == MERGER:
+                        live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
+                        writers = split.writers(cta)
+                        partials.wait(cta + 1, writers, wg_idx, tidx, sync_id)
+                        for i in cutlass.range(writers, unroll=1):
+                            partials.merge(cta + 1 + i, tidx, acc_O, softmax.row_max, softmax.row_sum, live,
+                                           softmax.scale_log2)
+                    self.finish_tile(acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+                                     batch_idx, seq, rows, o_free_mbar)
+            else:
+                self.finish_tile(acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+                                 batch_idx, seq, rows, o_free_mbar)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
-                tile = handoff_receive(tile_slots, tile_mbar, handoffs)
+                cursor = handoff_receive(tile_slots, tile_mbar, handoffs)
                 handoffs += 1
             else:
-                tile = scheduler.next_tile(tile)
-            m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+                cursor += 1
+            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
 
         # Shared memory must outlive the last TMA store's reads.
         if self.is_store_warp():
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def finish_tile(self, acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+                    batch_idx, seq, rows, o_free_mbar):
+        """Normalise O by the row sums and store O and LSE."""
+        row_scale = softmax.finalize()
+        softmax.rescale(acc_O, row_scale, final=True)
+        self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+                      batch_idx, seq, rows, o_free_mbar)
+
+    @cute.jit
+    def rows_in_sequence(self, tiled_mma_pv: cute.TiledMma, tidx: Int32, rows: TileRows, seq: SeqlenInfo):
+        """Per accumulator row of this thread: does it hold a query row of the sequence?"""
+        tOcO = rows_cols_view(tiled_mma_pv.get_slice(tidx).partition_C(
+            cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+        return tuple(rows.row(tOcO[r, 0][0]) < seq.seqlen_q for r in range(cute.size(tOcO, mode=[0])))
+
+    @cute.jit
+    def first_cursor(self, scheduler: StaticPersistentScheduler) -> Int32:
+        """Dynamic schedule: the first tile (the block index); static: item 0 of this CTA."""
+        if const_expr(self.dynamic_schedule):
+            return scheduler.first_tile()
+        return Int32(0)
+
+    @cute.jit
+    def work(self, scheduler: StaticPersistentScheduler, cursor: Int32):
+        """(m_block, head, batch, first K/V block, end K/V block, valid) of the work ``cursor``
+        names: a tile index (dynamic schedule) or this CTA's item count (static; the K/V bounds
+        cut a split tail's pieces, see tile_scheduler.SplitTail)."""
+        if const_expr(self.dynamic_schedule):
+            m_block, head_idx, batch_idx, valid = scheduler.decode(cursor)
+            return m_block, head_idx, batch_idx, Int32(0), Int32(UNBOUNDED_BLOCKS), valid
+        tile, kv_lo, kv_hi, in_share = scheduler.static_work(cursor)
+        m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
+        return m_block, head_idx, batch_idx, kv_lo, kv_hi, valid and in_share
+
+    def block_range(self, block_info: BlockInfo, seqlen_q, seqlen_k, m_block, kv_lo, kv_hi):
+        """The tile's K/V block range, cut to the piece [kv_lo, kv_hi) when the tail is split."""
+        n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
+        if const_expr(self.split_tail):
+            n_block_min, n_block_max = cutlass.max(n_block_min, kv_lo), cutlass.min(n_block_max, kv_hi)
+        return n_block_min, n_block_max
 
     @cute.jit
     def overlapped_step(
