@@ -1,13 +1,17 @@
 """Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
 three consumer warpgroups (hd64), pack-GQA (dense and varlen), dynamic scheduling with the
 mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
-shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer).
+shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer),
+split tails (partials written and merged across CTAs, flags reset; FA4_SPLIT_TAIL=1 below).
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_new_paths.py
 """
+import os
+
 import torch
 
-import fa4
+os.environ["FA4_SPLIT_TAIL"] = "1"  # split every partial last round (fa4.settings reads it per call)
+import fa4  # noqa: E402
 
 torch.manual_seed(0)
 dev, bf16 = "cuda", torch.bfloat16
@@ -44,5 +48,17 @@ fa4.attention(q, k, v, causal=True)
 q = torch.randn(2, 37, 8, 256, device=dev, dtype=bf16)
 k, v = (torch.randn(2, 300, 2, 256, device=dev, dtype=bf16) for _ in range(2))
 fa4.attention(q, k, v, pack_gqa=True)
+# Split tails: full rounds then a split last round (hd128, per-warpgroup epilogue), tiles split
+# many ways (hd256: whole-tile epilogue, O in V's buffer), hd64's three warpgroups, decoding.
+q, k, v = (torch.randn(1, 300, 150, 128, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v)
+q, k, v = (torch.randn(1, 130, 2, 256, device=dev, dtype=bf16) for _ in range(3))
+k, v = (torch.randn(1, 3000, 2, 256, device=dev, dtype=bf16) for _ in range(2))
+fa4.attention(q, k, v)
+q, k, v = (torch.randn(1, 400, 3, 64, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v)
+q = torch.randn(2, 1, 32, 128, device=dev, dtype=bf16)
+k, v = (torch.randn(2, 4000, 8, 128, device=dev, dtype=bf16) for _ in range(2))
+fa4.attention(q, k, v, causal=True)
 torch.cuda.synchronize()
 print("done")
