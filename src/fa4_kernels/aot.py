@@ -42,6 +42,8 @@ def env_settings() -> dict:
         "archs": archs,
         "filter": os.environ.get("FA4_VARIANTS", ""),
         "jobs": int(os.environ.get("FA4_BUILD_JOBS", "0")) or os.cpu_count() or 1,
+        # Diagnostic kernels that write clock stamps (fa4_kernels/stamps.py); never for a release.
+        "diag_stamps": os.environ.get("FA4_DIAG_STAMPS", "0") == "1",
     }
 
 
@@ -61,7 +63,8 @@ def source_digest() -> str:
 
 def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
     cfg = heuristics.fwd_config(key)
-    blob = json.dumps([key.as_dict(), asdict(cfg), sources, version], sort_keys=True)
+    diag = ["diag_stamps"] if env_settings()["diag_stamps"] else []
+    blob = json.dumps([key.as_dict(), asdict(cfg), sources, version] + diag, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -84,7 +87,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
         pv_wait=cfg.pv_wait, rescale_threshold=cfg.rescale_threshold,
-        o_in_v=cfg.o_in_v, split_tail=cfg.split_tail,
+        o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, stamps=env_settings()["diag_stamps"],
     )
 
     def bshd(dim):

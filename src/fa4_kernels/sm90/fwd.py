@@ -54,6 +54,7 @@ from fa4_kernels.ptx import loop_bound_zero
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
+from fa4_kernels.stamps import Stamps
 from fa4_kernels.tile_scheduler import (
     MERGER,
     UNBOUNDED_BLOCKS,
@@ -106,6 +107,7 @@ class FlashAttentionForwardSm90:
         rescale_threshold: float = 0.0,
         o_in_v: bool = False,
         split_tail: bool = False,
+        stamps: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -143,6 +145,8 @@ class FlashAttentionForwardSm90:
         # a warpgroup's O rows would overwrite V rows another warpgroup may still be reading.
         self.wg_epilogue = not self.o_in_v
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
+        # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
+        self.stamps = stamps
 
     # ------------------------------------------------------------------ host side
     def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
@@ -616,6 +620,7 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
+        stamps = Stamps.create(partials.partials, True, tidx, wg_idx) if const_expr(self.stamps) else None
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
@@ -628,7 +633,11 @@ class FlashAttentionForwardSm90:
                                  block_info.window_left, block_info.window_right)
             n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
                                                         kv_lo, kv_hi)
+            if const_expr(self.stamps):
+                stamps.tile(q_state.count, 0)
             pipeline_q.consumer_wait(q_state)
+            if const_expr(self.stamps):
+                stamps.tile(q_state.count, 1)
 
             # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
             # the causal/local edges. It still takes its turn in the ping-pong, so one
@@ -664,11 +673,13 @@ class FlashAttentionForwardSm90:
                 first_block(True)
             else:
                 first_block(False)
+            if const_expr(self.stamps):
+                stamps.tile(q_state.count, 2)
 
             step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
-                rows.first_row, mask_right, mask_left,
+                rows.first_row, mask_right, mask_left, stamps,
             )
             # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
             n_block_max_unmasked = n_block_max - 1
@@ -689,12 +700,16 @@ class FlashAttentionForwardSm90:
 
             # Every Q @ K^T of this tile has completed: the producer may load the next Q.
             pipeline_q.consumer_release(q_state)
+            if const_expr(self.stamps):
+                stamps.tile(q_state.count, 3)
             # Last P @ V.
             pipeline_v.consumer_wait(kv_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                   n_block_max - n_block_min > 1, 0)
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
+            if const_expr(self.stamps):
+                stamps.tile(q_state.count, 4)
 
             if const_expr(self.split_tail):
                 # A piece of a split tile (static schedule's last round): writers leave their
@@ -719,6 +734,8 @@ class FlashAttentionForwardSm90:
             else:
                 self.finish_tile(acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
                                  batch_idx, seq, rows, o_free_mbar)
+            if const_expr(self.stamps):
+                stamps.tile(q_state.count, 5)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 cursor = handoff_receive(tile_slots, tile_mbar, handoffs)
@@ -796,12 +813,18 @@ class FlashAttentionForwardSm90:
         first_row: Int32,
         mask_right: cutlass.Constexpr[bool],
         mask_left: cutlass.Constexpr[bool],
+        stamps=None,
     ):
         """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it."""
+        count = kv_state.count
+        stamp = lambda point: stamps.step(count, point) if const_expr(self.stamps) else None  # noqa: E731
+        stamp(0)
         v_state = kv_state.clone()
         kv_state.advance()
         pipeline_k.consumer_wait(kv_state)
+        stamp(1)
         self.scheduler_wait()
+        stamp(2)
         acc_S = new_accumulator(thr_mma_qk, (self.tile_m, self.tile_n))
         wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
         pipeline_v.consumer_wait(v_state)
@@ -809,7 +832,9 @@ class FlashAttentionForwardSm90:
         wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
               n_block != n_block_max - 2, -1)
         self.scheduler_signal()
+        stamp(3)
         warpgroup.wait_group(1)
+        stamp(4)
         if const_expr(self.pv_wait == "row_max"):
             pipeline_k.consumer_release(kv_state)
         row_scale = self.scores_to_probs(
@@ -833,6 +858,7 @@ class FlashAttentionForwardSm90:
         pipeline_v.consumer_release(v_state)
         store_as_operand_a(acc_S, tOrP)
         softmax.rescale(acc_O, row_scale)
+        stamp(5)
         return kv_state
 
     @cute.jit
