@@ -77,8 +77,11 @@ def main():
     heads = 2048 // d
     buf = torch.zeros(max(st.buffer_words(), 1 << 16), dtype=torch.int32, device="cuda")
     ops._unused_vector = lambda index: buf  # the kernel writes its stamps into "partials"
-    # fa4_kernels.heuristics.fwd_config for the dense no-mask variants (the DSL is not importable here)
-    tile_m, tile_n = {64: (192, 128), 96: (128, 128), 128: (128, 128), 256: (128, 80)}[d]
+    # The tile shape the build chose (variants.json), for the dense no-mask bf16 variant timed.
+    variant = next(v for v in fa4._native.manifest()["variants"]
+                   if (v["head_dim"], v["head_dim_v"], v["dtype"], v["mask"], v["softcap"], v["varlen"])
+                   == (d, d, "bf16", "none", False, False))
+    tile_m, tile_n = variant["tile_m"], variant["tile_n"]
     num_wg = tile_m // 64
     for seqlen in args.seqlens:
         batch = args.tokens // seqlen

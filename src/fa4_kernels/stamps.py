@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa4_kernels.ptx import inline_asm
@@ -49,24 +49,22 @@ class Stamps:
     lane: Int32  # thread index within the warpgroup: lane 0 writes
     cta: Int32
     row: Int32  # cta * MAX_WG + warpgroup
-    enabled: cutlass.Constexpr[bool]
 
     @staticmethod
-    def create(buf: cute.Tensor, enabled: bool, tidx: Int32, wg: Int32):
+    def create(buf: cute.Tensor, tidx: Int32, wg: Int32):
+        """Only in stamped builds: the kernel guards creation and every stamp with its flag."""
         cta = Int32(cute.arch.block_idx()[0])
-        return Stamps(buf, clock_now(), tidx % 128, cta, cta * MAX_WG + wg, enabled)
+        return Stamps(buf, clock_now(), tidx % 128, cta, cta * MAX_WG + wg)
 
     @cute.jit
     def step(self, count: Int32, point: cutlass.Constexpr[int]):
-        if const_expr(self.enabled):
-            t = clock_now()
-            if self.lane == 0 and self.cta < CTAS and count < STEPS:
-                self.buf[(self.row * STEPS + count) * STEP_POINTS + point] = Float32(t - self.base)
+        t = clock_now()
+        if self.lane == 0 and self.cta < CTAS and count < STEPS:
+            self.buf[(self.row * STEPS + count) * STEP_POINTS + point] = Float32(t - self.base)
 
     @cute.jit
     def tile(self, count: Int32, point: cutlass.Constexpr[int]):
-        if const_expr(self.enabled):
-            t = clock_now()
-            if self.lane == 0 and self.cta < CTAS and count < TILES:
-                off = CTAS * MAX_WG * STEPS * STEP_POINTS
-                self.buf[off + (self.row * TILES + count) * TILE_POINTS + point] = Float32(t - self.base)
+        t = clock_now()
+        if self.lane == 0 and self.cta < CTAS and count < TILES:
+            off = CTAS * MAX_WG * STEPS * STEP_POINTS
+            self.buf[off + (self.row * TILES + count) * TILE_POINTS + point] = Float32(t - self.base)

@@ -620,7 +620,7 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
-        stamps = Stamps.create(partials.partials, True, tidx, wg_idx) if const_expr(self.stamps) else None
+        stamps = Stamps.create(partials.partials, tidx, wg_idx) if const_expr(self.stamps) else None
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
