@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the GPU test suite and the benchmark, from carried build outputs.
 #   run (device tool) with carry ["torch_ops/_native"]:  bash scripts/gpu_check.sh
+# With build/peers/fa3/libfa3_peer.so carried too (peers/fa3/build.sh), tests/peers checks
+# FlashAttention-3 and the benchmark times it beside fa4 (--fa3-lib).
 # Needs no DSL and no compiler on the GPU machine: fa4 is put on PYTHONPATH as a link.
 # FA4_SANITIZE=1: also compute-sanitizer racecheck/synccheck/memcheck on scripts/sanitize_new_paths.py.
 # FA4_CLOCK_PROBE=1: also SM clock and power under sustained load (scripts/clock_probe.py).
@@ -8,7 +10,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/device.txt"
 status=0
-timeout "${FA4_TEST_TIMEOUT:-300}" python3 -m pytest -q tests/gpu tests/torch_ops/test_ops.py::test_runs_without_the_dsl_installed -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+timeout "${FA4_TEST_TIMEOUT:-300}" python3 -m pytest -q tests/gpu tests/peers tests/torch_ops/test_ops.py::test_runs_without_the_dsl_installed -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 if [ "${FA4_SANITIZE:-0}" = 1 ]; then
   for tool in racecheck synccheck memcheck; do
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_new_paths.py \
@@ -16,7 +18,8 @@ if [ "${FA4_SANITIZE:-0}" = 1 ]; then
     echo "$tool: $(grep -E 'SUMMARY' "$OUT/$tool.log" | tail -1)"
   done
 fi
-timeout "${FA4_BENCH_TIMEOUT:-240}" python3 -m fa4.bench ${FA4_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
+fa3=""; [ -f build/peers/fa3/libfa3_peer.so ] && fa3="--fa3-lib build/peers/fa3/libfa3_peer.so"
+timeout "${FA4_BENCH_TIMEOUT:-240}" python3 -m fa4.bench ${FA4_BENCH_ARGS:-} $fa3 2>&1 | tee "$OUT/bench.log" || status=1
 if [ "${FA4_CLOCK_PROBE:-0}" = 1 ]; then
   timeout 120 python3 scripts/clock_probe.py --seconds 2 2>&1 | tee "$OUT/clock.log" || status=1
 fi

@@ -25,7 +25,8 @@ st = types.SimpleNamespace(**{m[1]: int(m[2]) for m in re.finditer(r"^([A-Z_]+) 
 st.buffer_words = lambda: st.CTAS * st.MAX_WG * (st.STEPS * st.STEP_POINTS + st.TILES * st.TILE_POINTS)
 
 STEP_NAMES = ("K wait", "turn wait", "GEMM issue", "QK^T wait", "softmax+PV wait+convert")
-TILE_NAMES = ("Q wait", "first block", "K/V loop", "last PV", "epilogue")
+TILE_NAMES = ("Q wait", "first block", "K/V loop", "last PV", "normalise O", "convert O", "sO free",
+              "stmatrix", "LSE", "O store", "tile end")
 TENSOR_FLOP_PER_CLK = 4096  # dense bf16 per SM per clock on H100/H200
 
 
@@ -93,18 +94,31 @@ def main():
                 recs = step_records(words, cta, wg)
                 full = [r for r in recs if r is not None]
                 segs = [[r[i + 1] - r[i] for r in full] for i in range(st.STEP_POINTS - 1)]
-                periods = [recs[i + 1][0] - recs[i][0] for i in range(len(recs) - 1)
-                           if recs[i] is not None and recs[i + 1] is not None]
-                print(f"cta {cta} wg {wg}: {len(full)} steps; median cycles: "
-                      + ", ".join(f"{n} {med(s):.0f}" for n, s in zip(STEP_NAMES, segs))
-                      + f"; step period {med(periods):.0f} (tensor-bound {gemm_clk:.0f}; "
-                      + f"p10 {sorted(periods)[len(periods) // 10] if periods else 0:.0f}, "
-                      + f"p90 {sorted(periods)[9 * len(periods) // 10] if periods else 0:.0f})")
+                periods = sorted(recs[i + 1][0] - recs[i][0] for i in range(len(recs) - 1)
+                                 if recs[i] is not None and recs[i + 1] is not None)
+                if not full:  # a tiles-only build (FA4_DIAG_STAMPS=tiles)
+                    print(f"cta {cta} wg {wg}: no step stamps")
+                else:
+                    print(f"cta {cta} wg {wg}: {len(full)} steps; median cycles: "
+                          + ", ".join(f"{n} {med(s):.0f}" for n, s in zip(STEP_NAMES, segs))
+                          + f"; step period {med(periods):.0f} (tensor-bound {gemm_clk:.0f}; "
+                          + f"p10 {periods[len(periods) // 10] if periods else 0:.0f}, "
+                          + f"p90 {periods[9 * len(periods) // 10] if periods else 0:.0f})")
                 tiles = [t for t in tile_records(words, cta, wg) if t is not None]
-                tsegs = [[t[i + 1] - t[i] for t in tiles] for i in range(5)]
+                tsegs = [[t[i + 1] - t[i] for t in tiles] for i in range(st.TILE_POINTS - 1)]
                 tper = [tiles[i + 1][0] - tiles[i][0] for i in range(len(tiles) - 1)]
                 print(f"    tiles {len(tiles)}: " + ", ".join(f"{n} {med(s):.0f}" for n, s in zip(TILE_NAMES, tsegs))
                       + f"; tile period {med(tper):.0f}")
+        # Both warpgroups of CTA 0 around one tile boundary, on one time line.
+        ts = [tile_records(words, 0, wg) for wg in range(num_wg)]
+        t_mid = next((i for i in range(4, st.TILES) if all(r[i] for r in ts)), None)
+        if t_mid is not None:
+            t0 = ts[0][t_mid][3]
+            print("tile boundary (cycles from wg0's loop end; points: " + ", ".join(TILE_NAMES[2:]) + ")")
+            for i in (t_mid, t_mid + 1):
+                for wg, r in enumerate(ts):
+                    if i < st.TILES and r[i]:
+                        print(f"  tile {i} wg{wg}: " + " ".join(f"{x - t0:7.0f}" for x in r[i]))
         # Both warpgroups of CTA 0 on one time line, a few steps from the middle of the record.
         rs = [step_records(words, 0, wg) for wg in range(num_wg)]
         mid = next((i for i in range(40, st.STEPS) if all(r[i] for r in rs)), None)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call's worth of the clock-stamp diagnostic (src/fa4_kernels/stamps.py):
-#   build here:  FA4_DIAG_STAMPS=1 python -m fa4_kernels.aot --out build/diag --lib build/ab/stamps$HD \
+#   build here:  FA4_DIAG_STAMPS=1 (or =tiles: tile boundaries only) python -m fa4_kernels.aot --out build/diag --lib build/ab/stamps$HD \
 #                    --filter bf16_d${HD}x${HD}_none
 #   run (device tool) with carry ["torch_ops/_native", "build/ab"]:  bash scripts/stamps_run.sh [HEAD_DIM]
 # Times the plain and the stamped build side by side (how much the stamps perturb), then prints

@@ -76,7 +76,7 @@ def make_inputs(batch, seqlen, heads, head_dim, dtype, copies, layout, head_dim_
     return [tuple(one(d) for d in dims) for _ in range(copies)]
 
 
-def providers(causal: bool, flex: bool):
+def providers(causal: bool, flex: bool, fa3: bool = False):
     def fa4_fn(q, k, v):
         return fa4.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
 
@@ -87,6 +87,11 @@ def providers(causal: bool, flex: bool):
         return fn
 
     out = {"fa4": fa4_fn, "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION), "FA2": sdpa(SDPBackend.FLASH_ATTENTION)}
+    if fa3:  # FlashAttention-3 (peers/fa3), loaded by main from --fa3-lib
+        from fa4 import bench_fa3
+
+        out["FA3"] = lambda q, k, v: bench_fa3.fa3_forward(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)[0]
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -209,6 +214,8 @@ def main(argv=None):
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[16],
                     help="batch sizes of the --gqa-decode cases")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
+    ap.add_argument("--fa3-lib", default=None,
+                    help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")
     ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
     args = ap.parse_args(argv)
@@ -223,6 +230,10 @@ def main(argv=None):
         print(f"host time per fa4.attention call (hd{head_dim_label(hd, hdv)}): {per_call}")
     print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, {args.layout} storage; "
           f"TFLOP/s (median of {args.iters} samples of 5 back-to-back calls)")
+    if args.fa3_lib:
+        from fa4 import bench_fa3
+
+        bench_fa3.load(args.fa3_lib)
     names = None
     rows = []
     for head_dim, head_dim_v in args.head_dims:
@@ -233,8 +244,9 @@ def main(argv=None):
                 batch = max(1, args.tokens // seqlen)
                 flops = attention_flops(batch, heads, seqlen, head_dim, head_dim_v, causal)
                 result = {}
-                wanted = set(args.providers.split(",")) | ({"Flex"} if args.flex else set())
-                for name, fn in providers(causal, args.flex).items():
+                wanted = (set(args.providers.split(",")) | ({"Flex"} if args.flex else set())
+                          | ({"FA3"} if args.fa3_lib else set()))
+                for name, fn in providers(causal, args.flex, bool(args.fa3_lib)).items():
                     if name not in wanted:
                         continue
                     inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, 3, args.layout, head_dim_v)
@@ -257,7 +269,7 @@ def main(argv=None):
         bench_gqa_decode(args, dtype)
     if args.gemm:
         bench_gemm_ceiling(args, dtype)
-    peers = [n for n in ("cuDNN", "FA2", "Flex") if n in names and "fa4" in names]
+    peers = [n for n in ("cuDNN", "FA3", "FA2", "Flex") if n in names and "fa4" in names]
     header = "| head_dim | seqlen | causal | " + " | ".join(names) + "".join(f" | fa4/{p}" for p in peers) + " |"
     print("\n" + header)
     print("|" + "---|" * (header.count("|") - 1))

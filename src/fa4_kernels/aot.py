@@ -43,7 +43,8 @@ def env_settings() -> dict:
         "filter": os.environ.get("FA4_VARIANTS", ""),
         "jobs": int(os.environ.get("FA4_BUILD_JOBS", "0")) or os.cpu_count() or 1,
         # Diagnostic kernels that write clock stamps (fa4_kernels/stamps.py); never for a release.
-        "diag_stamps": os.environ.get("FA4_DIAG_STAMPS", "0") == "1",
+        # "1": every K/V step and tile; "tiles": tile points only (the K/V loop unperturbed).
+        "diag_stamps": {"1": "all", "tiles": "tiles"}.get(os.environ.get("FA4_DIAG_STAMPS", "0"), ""),
     }
 
 
@@ -63,7 +64,8 @@ def source_digest() -> str:
 
 def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
     cfg = heuristics.fwd_config(key)
-    diag = ["diag_stamps"] if env_settings()["diag_stamps"] else []
+    mode = env_settings()["diag_stamps"]
+    diag = ["diag_stamps"] + ([] if mode == "all" else [mode]) if mode else []
     blob = json.dumps([key.as_dict(), asdict(cfg), sources, version] + diag, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -7,6 +7,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cutlass_dsl import dsl_user_op
 
+from fa4_kernels.block_info import row_in_head
 from fa4_kernels.hopper_mma import rows_cols_view
 from fa4_kernels.ptx import f32_asm
 
@@ -37,7 +38,7 @@ class AttentionMask:
     tile_n: cutlass.Constexpr[int]
     seqlen_q: Int32
     seqlen_k: Int32
-    block_rows: Int32  # sequence rows per head in a tile: see BlockInfo
+    pack_log2: Int32  # log2(pack_gqa): tile rows stack heads tile_m >> pack_log2 rows apart
     window_left: Optional[Int32] = None
     window_right: Optional[Int32] = None
 
@@ -73,7 +74,7 @@ class AttentionMask:
             diag = self.seqlen_k - self.seqlen_q - n_block * self.tile_n - col_offset + first_row
             for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
                 # Tile row -> row of its head's sequence (pack-GQA stacks heads block_rows apart).
-                row = tScS[r, 0][0] % self.block_rows
+                row = row_in_head(tScS[r, 0][0], self.tile_m, self.pack_log2)
                 right_limit = row + diag + 1
                 if const_expr(mask_local):
                     right_limit = right_limit + self.window_right

@@ -27,8 +27,10 @@ TILES = 24
 # moved ptxas's P @ V wait from after the 13th exponential to after the last (a different
 # schedule, which ran 2-5% slower unstamped), so the softmax and the P @ V wait stay one segment.
 STEP_POINTS = 6
-# tile: start, Q ready, first block done, K/V loop done, last P @ V done, epilogue done.
-TILE_POINTS = 8
+# tile: start, Q ready, first block done, K/V loop done, last P @ V done, O normalised, O
+# converted, sO free (barrier), O in sO, LSE stored, O store issued, tile done.
+TILE_POINTS = 12
+TILE_END = 11
 MAX_WG = 3
 
 

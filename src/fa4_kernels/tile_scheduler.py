@@ -159,6 +159,24 @@ class StaticPersistentScheduler:
     mCuSeqlensQ: cute.Tensor | None = None  # varlen: tiles are enumerated per sequence ...
     mSeqOrder: cute.Tensor | None = None  # ... taking the sequences in this order (a permutation)
     split: SplitTail | None = None  # static mode: the last round's split
+    # In the kernel (``with_fast_division``): the divisors of ``coordinates``, each a
+    # multiply-high and shift per tile instead of a ~20-instruction division.
+    fast: tuple | None = None
+
+    @cute.jit
+    def with_fast_division(self):
+        """This scheduler with precomputed divisors (once per CTA): group_tiles, heads_per_group,
+        the last group's head count (the only group that may be smaller), num_heads."""
+        num_hb = self.num_heads * self.num_batches
+        last_group = (num_hb - 1) // self.heads_per_group
+        fast = (
+            cute.fast_divmod_create_divisor_v2(self.heads_per_group * self.num_m_blocks),
+            cute.fast_divmod_create_divisor_v2(self.heads_per_group),
+            cute.fast_divmod_create_divisor_v2(num_hb - last_group * self.heads_per_group),
+            cute.fast_divmod_create_divisor_v2(self.num_heads),
+            last_group,
+        )
+        return replace(self, fast=fast)
 
     @property
     def num_tiles(self):
@@ -224,6 +242,21 @@ class StaticPersistentScheduler:
     @cute.jit
     def coordinates(self, tile: Int32):
         """Linear tile index -> (m_block, head, batch)."""
+        if const_expr(self.fast is not None):
+            by_group_tiles, by_group_heads, by_last_group_heads, by_heads, last_group = self.fast
+            group = tile // by_group_tiles
+            idx = tile - group * (self.heads_per_group * self.num_m_blocks)
+            in_last = cutlass.min(cutlass.max(group - last_group + 1, 0), 1)  # group == last_group
+            m_full, m_last = idx // by_group_heads, idx // by_last_group_heads
+            m_idx = m_full + in_last * (m_last - m_full)
+            heads_in_group = cutlass.min(self.heads_per_group, self.num_heads * self.num_batches
+                                         - group * self.heads_per_group)
+            hb = group * self.heads_per_group + idx - m_idx * heads_in_group
+            m_block = m_idx
+            if const_expr(self.longest_first):
+                m_block = self.num_m_blocks - 1 - m_idx
+            batch = hb // by_heads
+            return m_block, hb - batch * self.num_heads, batch
         num_hb = self.num_heads * self.num_batches
         group_tiles = self.heads_per_group * self.num_m_blocks
         group = tile // group_tiles

@@ -2,7 +2,7 @@
 The kernels call the same methods with DSL integers; here they run on Python ints."""
 import random
 
-from fa4_kernels.block_info import BlockInfo, partial_tile_shift
+from fa4_kernels.block_info import BlockInfo, head_of_row, partial_tile_shift, row_in_head
 
 INF = 1 << 30
 
@@ -69,3 +69,17 @@ def test_block_ranges_cover_every_visible_key_and_skip_masks_only_where_safe():
                 assert last_key <= rows[0] + offset + right, (b, n_right)
             if b >= n_left:  # no left-edge mask needed
                 assert first_key >= rows[-1] + offset - left, (b, n_left)
+
+
+def test_packed_rows_by_shifts_match_division_by_block_rows():
+    """TileRows maps a tile row to (head offset, row) with shifts and a division by the
+    compile-time tile_m; it must agree with dividing by block_rows = tile_m / pack_gqa for every
+    tile shape and pack the shim accepts (pack_gqa a power of two, block_rows a multiple of 8)."""
+    for tile_m in (128, 192):
+        for pack_log2 in range(5):
+            block_rows = tile_m >> pack_log2
+            if block_rows % 8 or block_rows << pack_log2 != tile_m:
+                continue
+            for tile_row in range(tile_m):
+                assert head_of_row(tile_row, tile_m, pack_log2) == tile_row // block_rows
+                assert row_in_head(tile_row, tile_m, pack_log2) == tile_row % block_rows

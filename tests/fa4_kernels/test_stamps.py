@@ -40,5 +40,9 @@ def test_stamped_builds_never_share_the_release_cache(monkeypatch):
     monkeypatch.setenv("FA4_DIAG_STAMPS", "1")
     assert aot.env_settings()["diag_stamps"]
     assert aot.variant_digest(key, "src", "v") != plain
+    stamped = aot.variant_digest(key, "src", "v")
+    monkeypatch.setenv("FA4_DIAG_STAMPS", "tiles")
+    assert aot.env_settings()["diag_stamps"] == "tiles"
+    assert aot.variant_digest(key, "src", "v") not in (plain, stamped)
     monkeypatch.setenv("FA4_DIAG_STAMPS", "0")
     assert aot.variant_digest(key, "src", "v") == plain

@@ -54,7 +54,7 @@ from fa4_kernels.ptx import loop_bound_zero
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
-from fa4_kernels.stamps import Stamps
+from fa4_kernels.stamps import TILE_END, Stamps
 from fa4_kernels.tile_scheduler import (
     MERGER,
     UNBOUNDED_BLOCKS,
@@ -107,7 +107,7 @@ class FlashAttentionForwardSm90:
         rescale_threshold: float = 0.0,
         o_in_v: bool = False,
         split_tail: bool = False,
-        stamps: bool = False,
+        stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
@@ -182,7 +182,12 @@ class FlashAttentionForwardSm90:
     def tile_rows(self, pack_gqa: Int32, m_block: Int32, head_idx: Int32, seqlen_q: Int32):
         """(TileRows of tile m_block, its row shift): see block_info.row_shift."""
         shift = row_shift(self.tile_m, pack_gqa, seqlen_q, self.is_causal or self.is_local)
-        return TileRows(self.tile_m, pack_gqa, m_block * block_rows(self.tile_m, pack_gqa) - shift, head_idx), shift
+        # pack_gqa is a power of two. The opaque per-tile zero keeps what derives from pack_log2
+        # (rows and heads of the thread's accumulator rows) computed per tile: being invariant
+        # shifts, LLVM would hoist them out of the tile loop and keep them live across the K/V
+        # loop, which spills the 240-register hd192/hd256 consumers.
+        pack_log2 = cute.arch.popc(pack_gqa - 1 + loop_bound_zero(m_block))
+        return TileRows(self.tile_m, pack_log2, m_block * (Int32(self.tile_m) >> pack_log2) - shift, head_idx), shift
 
     def tile_view(self, t: cute.Tensor, head, batch_idx, offset):
         """(seqlen, dim) slice of a (seqlen, dim, head, batch) tensor for one sequence."""
@@ -515,6 +520,11 @@ class FlashAttentionForwardSm90:
             n_block_min, n_block_max = self.block_range(block_info, seq.seqlen_q + shift, seq.seqlen_k, m_block,
                                                         kv_lo, kv_hi)
 
+            # The consumers release Q only after the previous tile's last Q @ K^T, and Q is read
+            # once (never an L2 hit): fetch it into L2 now, about two K/V blocks ahead of that,
+            # so the load that follows the release waits on L2 instead of HBM.
+            if pack_gqa == 1:
+                cute.prefetch(tma_atom_Q, tQgQ)
             # K of the last block first: the consumers start with Q @ K^T of that block.
             pipeline_k.producer_acquire(kv_state)
             cute.copy(tma_atom_K, tKgK[None, n_block_max - 1], tKsK[None, kv_state.index],
@@ -620,6 +630,11 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
+        if const_expr(not self.is_varlen):
+            # The consumers' own tile decode by precomputed divisors: their tile boundary is on
+            # the critical path (the producer runs ahead; it keeps the plain divisions, which
+            # need no registers across its loop: its 24-40 spill the divisors).
+            scheduler = scheduler.with_fast_division()
         stamps = Stamps.create(partials.partials, tidx, wg_idx) if const_expr(self.stamps) else None
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
@@ -629,7 +644,7 @@ class FlashAttentionForwardSm90:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
             seqlen_q_tiled = seq.seqlen_q + shift  # what K/V block ranges see
-            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.block_rows,
+            mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.pack_log2,
                                  block_info.window_left, block_info.window_right)
             n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
                                                         kv_lo, kv_hi)
@@ -702,14 +717,18 @@ class FlashAttentionForwardSm90:
             pipeline_q.consumer_release(q_state)
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 3)
-            # Last P @ V.
+            # Last P @ V. The row sums' quad reduction (shuffles, independent of O) runs under it.
             pipeline_v.consumer_wait(kv_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
-                  n_block_max - n_block_min > 1, 0)
+                  n_block_max - n_block_min > 1, -1)
+            totals = softmax.row_totals()
+            warpgroup.wait_group(0)
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 4)
+            count_q = q_state.count
+            tile_stamp = lambda point: stamps.tile(count_q, point) if const_expr(self.stamps) else None  # noqa: E731
 
             if const_expr(self.split_tail):
                 # A piece of a split tile (static schedule's last round): writers leave their
@@ -729,13 +748,16 @@ class FlashAttentionForwardSm90:
                         for i in cutlass.range(writers, unroll=1):
                             partials.merge(cta + 1 + i, tidx, acc_O, softmax.row_max, softmax.row_sum, live,
                                            softmax.scale_log2)
-                    self.finish_tile(acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
-                                     batch_idx, seq, rows, o_free_mbar)
+                        merged = softmax.row_totals()
+                        for r in cutlass.range_constexpr(cute.size(totals)):
+                            totals[r] = merged[r]
+                    self.finish_tile(acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv,
+                                     tidx, batch_idx, seq, rows, o_free_mbar, tile_stamp)
             else:
-                self.finish_tile(acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
-                                 batch_idx, seq, rows, o_free_mbar)
+                self.finish_tile(acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv,
+                                 tidx, batch_idx, seq, rows, o_free_mbar, tile_stamp)
             if const_expr(self.stamps):
-                stamps.tile(q_state.count, 5)
+                stamps.tile(q_state.count, TILE_END)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 cursor = handoff_receive(tile_slots, tile_mbar, handoffs)
@@ -749,13 +771,15 @@ class FlashAttentionForwardSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def finish_tile(self, acc_O, softmax, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
-                    batch_idx, seq, rows, o_free_mbar):
-        """Normalise O by the row sums and store O and LSE."""
-        row_scale = softmax.finalize()
+    def finish_tile(self, acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+                    batch_idx, seq, rows, o_free_mbar, tile_stamp=None):
+        """Normalise O by the row sums (``totals``: softmax.row_totals()) and store O and LSE."""
+        row_scale = softmax.finalize(totals)
         softmax.rescale(acc_O, row_scale, final=True)
+        if const_expr(self.stamps):
+            tile_stamp(5)
         self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
-                      batch_idx, seq, rows, o_free_mbar)
+                      batch_idx, seq, rows, o_free_mbar, tile_stamp)
 
     @cute.jit
     def rows_in_sequence(self, tiled_mma_pv: cute.TiledMma, tidx: Int32, rows: TileRows, seq: SeqlenInfo):
@@ -817,7 +841,7 @@ class FlashAttentionForwardSm90:
     ):
         """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it."""
         count = kv_state.count
-        stamp = lambda point: stamps.step(count, point) if const_expr(self.stamps) else None  # noqa: E731
+        stamp = lambda point: stamps.step(count, point) if const_expr(self.stamps == "all") else None  # noqa: E731
         stamp(0)
         v_state = kv_state.clone()
         kv_state.advance()
@@ -932,7 +956,9 @@ class FlashAttentionForwardSm90:
         seq: SeqlenInfo,
         rows: TileRows,
         o_free_mbar: cute.Pointer,
+        tile_stamp=None,
     ):
+        stamp = lambda point: tile_stamp(point) if const_expr(self.stamps) else None  # noqa: E731
         is_store_warp = self.is_store_warp()
         # Who synchronises and stores which rows: each warpgroup its own 64 rows (from its own
         # part of sO), or all consumers the whole tile.
@@ -952,11 +978,13 @@ class FlashAttentionForwardSm90:
         store_rows = cute.size(sO_store, mode=[0])
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
+        stamp(6)
         # The previous TMA store from these rows of sO must have read them (the storing warp
         # waits for it), and when sO aliases sV every consumer must be past its last P @ V.
         if is_store_warp:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=smem_free_id, number_of_threads=group_threads)
+        stamp(7)
         smem_copy_O = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
             tiled_mma_pv,
@@ -966,6 +994,7 @@ class FlashAttentionForwardSm90:
         # (spilled in the 240-register hd192/hd256 kernels). An opaque per-tile zero keeps it here.
         sO_here = cute.make_tensor(sO.iterator + cute.assume(loop_bound_zero(rows.first_row), divby=512), sO.layout)
         cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO_here))
+        stamp(8)
 
         # LSE straight from registers: the thread holding column 0 of a row writes it.
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -978,13 +1007,14 @@ class FlashAttentionForwardSm90:
                         mLSE[seq.offset_q + row, rows.head(tOcO[r, 0][0]), 0] = lse[r]
                     else:
                         mLSE[row, rows.head(tOcO[r, 0][0]), batch_idx] = lse[r]
+        stamp(9)
 
         # One TMA store when the rows all belong to this tile's head and sequence; row by row
         # otherwise (pack-GQA, rows above a shifted sequence's start, or rows past a packed
         # sequence's end, where a TMA store would overwrite the next sequence's rows). Rows
         # entirely above the start are not stored at all.
         start = rows.row(first_row)  # sequence row of the first stored row
-        whole = rows.pack_gqa == 1 and start >= 0
+        whole = rows.pack_log2 == 0 and start >= 0
         if const_expr(self.is_varlen):
             whole = whole and start + store_rows <= seq.seqlen_q
         if start + store_rows > 0:
@@ -1009,6 +1039,7 @@ class FlashAttentionForwardSm90:
             else:
                 cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
                 self.store_rows(sO_store, first_row, group_threads, tidx % group_threads, mO, batch_idx, seq, rows)
+        stamp(10)
         if const_expr(self.o_in_v):
             # V's buffer goes back to the producer (release_o_buffer, next tile) once O has been
             # read out of it: by the TMA store, whose issuing warp waits for its reads then, or
