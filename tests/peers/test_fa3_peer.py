@@ -1,31 +1,18 @@
-"""The FlashAttention-3 benchmark peer (peers/fa3, fa4.bench_fa3): its outputs against an fp32
-reference, so a fa4/FA3 ratio is never taken against a broken build. Needs a Hopper GPU and
-the library built by peers/fa3/build.sh (build/peers/fa3/libfa3_peer.so); skips otherwise."""
-import math
+"""The FlashAttention-3 benchmark peer (peers/fa3, fa4.bench_fa3): its outputs against the float64
+reference (fa4.testing.naive_attention), so a fa4/FA3 ratio is never taken against a broken
+build. Needs a Hopper GPU and the library built by peers/fa3/build.sh
+(build/peers/fa3/libfa3_peer.so); skips otherwise."""
 from pathlib import Path
 
 import pytest
 import torch
 
 from fa4 import bench_fa3
+from fa4.testing import naive_attention
 from tests.conftest import requires_hopper
 
 LIB = Path(__file__).resolve().parents[2] / "build" / "peers" / "fa3" / "libfa3_peer.so"
 needs_lib = pytest.mark.skipif(not LIB.exists(), reason="FA3 peer not built (peers/fa3/build.sh)")
-
-
-def reference(q, k, v, causal, scale):
-    """fp32 (B, Sq, H, D) output and (B, H, Sq) LSE; causal aligned bottom-right as in FA."""
-    _, sq, h, _ = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
-    kf, vf = kf.repeat_interleave(h // hk, dim=1), vf.repeat_interleave(h // hk, dim=1)
-    s = torch.einsum("bhqd,bhkd->bhqk", qf, kf) * scale
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, dim=-1), vf).transpose(1, 2), torch.logsumexp(s, -1)
 
 
 CASES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv, strided q)
@@ -49,8 +36,8 @@ def test_fa3_peer_matches_reference(head_dim, causal, case):
     q = q[..., :head_dim]
     k, v = (torch.randn(b, sk, hk, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out, lse = bench_fa3.fa3_forward(q, k, v, causal=causal)
-    ref_out, ref_lse = reference(q, k, v, causal, 1.0 / math.sqrt(head_dim))
-    assert (out.float() - ref_out).abs().max().item() < 2e-2
+    ref_out, ref_lse = naive_attention(q, k, v, causal=causal)
+    assert (out.double() - ref_out).abs().max().item() < 2e-2
     valid = torch.isfinite(ref_lse)
     assert (lse - ref_lse)[valid].abs().max().item() < 1e-2
 
