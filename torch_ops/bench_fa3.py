@@ -21,12 +21,13 @@ import torch
 _lib = None
 
 
-def load(path=None):
-    """Load libfa3_peer.so (path: default build/peers/fa3/ of the repository). Returns the CDLL."""
+def load(path):
+    """Load libfa3_peer.so from ``path`` (peers/fa3/build.sh writes build/peers/fa3/libfa3_peer.so
+    in a source checkout; an installed fa4 has no such file, hence no default). Returns the CDLL."""
     global _lib
-    if path is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "peers", "fa3",
-                            "libfa3_peer.so")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"bench_fa3.load: no FlashAttention-3 peer library at {path!r} "
+                                "(build it with peers/fa3/build.sh)")
     lib = ctypes.CDLL(os.path.abspath(path))
     ll = ctypes.c_longlong
     lib.fa3_peer_fwd.restype = ctypes.c_int
@@ -38,13 +39,15 @@ def load(path=None):
     )
     lib.fa3_peer_workspace_bytes.restype = ctypes.c_int
     lib.fa3_peer_workspace_bytes.argtypes = []
+    lib.fa3_peer_semaphore_bytes.restype = ctypes.c_int
+    lib.fa3_peer_semaphore_bytes.argtypes = []
     _lib = lib
     return lib
 
 
 def _get_lib():
     if _lib is None:
-        load()
+        raise RuntimeError("bench_fa3: call bench_fa3.load(path_to_libfa3_peer.so) first")
     return _lib
 
 
@@ -79,10 +82,11 @@ def fa3_forward(q, k, v, causal: bool, softmax_scale=None):
         return out, lse
 
     with torch.cuda.device(dev):
-        # Only the causal path (DynamicPersistentTileScheduler) uses the semaphore (one int32).
-        # fa3_peer_fwd zeroes it itself with cudaMemsetAsync on `stream` before the kernel, so
-        # empty() is enough (same cost as mha_fwd's torch.empty + zero_).
-        sem = torch.empty(1, dtype=torch.int32, device=dev) if causal else None
+        # Only the causal path (DynamicPersistentTileScheduler) uses the semaphore, of the size
+        # the launcher reports. fa3_peer_fwd zeroes it itself with cudaMemsetAsync on `stream`
+        # before the kernel, so empty() is enough (same cost as mha_fwd's torch.empty + zero_).
+        sem_bytes = lib.fa3_peer_semaphore_bytes()
+        sem = torch.empty(sem_bytes, dtype=torch.uint8, device=dev) if causal else None
         ws_bytes = lib.fa3_peer_workspace_bytes()
         assert ws_bytes == 0, "this wrapper does not allocate launcher workspace"
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count

@@ -727,15 +727,17 @@ class FlashAttentionForwardSm90:
             kv_state.advance()
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 4)
-            count_q = q_state.count
-            tile_stamp = lambda point: stamps.tile(count_q, point) if const_expr(self.stamps) else None  # noqa: E731
+            tile_stamp = None
+            if const_expr(self.stamps):
+                count_q = q_state.count
+                tile_stamp = lambda point: stamps.tile(count_q, point)  # noqa: E731
 
             if const_expr(self.split_tail):
                 # A piece of a split tile (static schedule's last round): writers leave their
                 # partial state for the tile's merger; the merger folds every writer's in first.
                 split = scheduler.split
                 role = split.role(kv_lo, cutlass.min(kv_hi, split.n_blocks))
-                cta = Int32(cute.arch.block_idx()[0])
+                cta = split.cta
                 sync_id = int(FwdBarrier.SPLIT_WG) + wg_idx
                 if role == WRITER:
                     live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
