@@ -105,13 +105,13 @@ class OnlineSoftmax:
         return totals
 
     @cute.jit
-    def finalize(self, totals=None) -> cute.Tensor:
+    def finalize(self, totals: cute.Tensor) -> cute.Tensor:
         """Return 1/rowsum per row and replace row_sum by the natural-log LSE (-inf when the
         row saw no key, with a 0 output instead of NaN). ``totals``: ``row_totals()`` of the
-        current state, when taken earlier (the shuffles then overlap the last P @ V)."""
+        current state (taken early, so that its shuffles overlap the last P @ V)."""
         row_scale = cute.make_rmem_tensor_like(self.row_max, Float32)
         for r in cutlass.range_constexpr(cute.size(self.row_sum)):
-            total = quad_allreduce(self.row_sum[r], operator.add) if const_expr(totals is None) else totals[r]
+            total = totals[r]
             empty = total == 0.0 or total != total
             row_scale[r] = cute.arch.rcp_approx(Float32(1.0) if empty else total)
             lse = (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)) * math.log(2.0)
