@@ -86,23 +86,54 @@ def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int
 def l2_swizzle_budget(l2_bytes: int, mask: str) -> int:
     """Bytes of K/V one swizzle group of the tile order may hold in L2.
 
-    Measured on an H200 (60 MB L2), hd128 bf16, 16k tokens, persistent kernel, two repeats per
-    budget (scripts/tune_schedule.sh and the sweep in docs/perf_notes.md), TFLOP/s:
-      no mask  2 / 4 / 7.5 / 16 / 32 MB: 1k 553 / 550 / 525 / 485 / 516, 4k 631 / 612 / 624 / 611 / 589
-      causal   2 / 4 / 7.5 / 16 / 32 MB: 1k 306 / 308 / 291 / 259 / 288, 4k 513 / 515 / 502 / 522 / 527
-    Without a mask, the CTAs of one head streaming the same K/V block together wins (an L2/24
-    group holds one hd128 head at 4k). With a causal mask, several heads' longest tiles starting
-    together balances better at 4k; an L2/4 group is the compromise with 1k.
+    No mask (static schedule, equal tiles), measured on an H200 (60 MB L2), hd128 bf16, 16k
+    tokens, two repeats per budget (scripts/tune_schedule.sh), TFLOP/s:
+      2 / 4 / 7.5 / 16 / 32 MB: 1k 553 / 550 / 525 / 485 / 516, 4k 631 / 612 / 624 / 611 / 589
+    the CTAs of one head streaming the same K/V block together wins (an L2/24 group holds one
+    hd128 head at 4k).
+    Causal/local (dynamic longest-first schedule): half the L2, in a power-of-two number of
+    pairs (``heads_per_group``). Measured on an H200 with groups of 16 / 32 / 64 MB of K/V
+    (causal, bf16, 16k tokens, TFLOP/s; tenth session, docs/perf_notes.md): hd128 1k 514 / 507 /
+    431, 4k 694 / 695 / 666; hd256 1k 518 / 518 / 474, 4k 745 / 744 / 728; 44-48 MB groups lost
+    1-11% against 16-32 MB ones.
     """
-    return l2_bytes // 24 if mask == "none" else l2_bytes // 4
+    return l2_bytes // 24 if mask == "none" else l2_bytes // 2
+
+
+def balance_heads(num_m_blocks: int, num_sms: int) -> int:
+    """Fewest (head, batch) pairs per group for the dynamic longest-first schedule to end evenly.
+
+    A causal group's tiles run from num_m_blocks K/V blocks long down to 1, about
+    num_m_blocks * (num_m_blocks + 1) / 2 blocks per pair, and its longest tiles start when the
+    group does. The last group's longest tiles must be short next to its work per SM, or they
+    run on alone after the other SMs ran dry. Simulated (tests/fa4_kernels/
+    test_tile_scheduler.py, tiles as K/V blocks plus the boundary cost) with the L2 groups of
+    ``heads_per_group``: at least num_sms / (num_m_blocks + 1) pairs (half a longest tile of
+    work per SM in the last group) keeps the busiest SM within 1.5% of the average wherever
+    there are 16+ tiles per SM. In self-attention the L2 groups are larger than this anyway;
+    it matters for few query blocks against long keys (chunked prefill)."""
+    return max(1, -(-num_sms // (num_m_blocks + 1)))
 
 
 def heads_per_group(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, elem_bytes: int,
-                    num_heads_batches: int, budget_bytes: int | None = None, mask: str = "none") -> int:
-    """How many (head, batch) pairs one L2-swizzle group of the tile order holds (>= 1)."""
+                    num_heads_batches: int, budget_bytes: int | None = None, mask: str = "none",
+                    num_m_blocks: int | None = None, num_sms: int | None = None) -> int:
+    """How many (head, batch) pairs one L2-swizzle group of the tile order holds (>= 1).
+
+    ``l2_swizzle_budget`` of K/V per group. With a mask (dynamic schedule, tiles of unequal
+    length) a power of two of them (as FlashAttention-3; in the simulation and on the GPU,
+    groups that divide the pairs evenly balance better), and at least ``balance_heads``, rounded
+    up to a power of two, when ``num_m_blocks`` and ``num_sms`` are given. An explicit ``budget_bytes``
+    (FA4_L2_SWIZZLE_MB) is taken as it is. The kernel's last group also takes the pairs left
+    over (fa4_kernels.tile_scheduler)."""
     kv_bytes_per_head = max(1, seqlen_k * (head_dim + head_dim_v) * elem_bytes)
     budget = l2_swizzle_budget(l2_bytes, mask) if budget_bytes is None else budget_bytes
-    return max(1, min(num_heads_batches, budget // kv_bytes_per_head))
+    heads = max(1, budget // kv_bytes_per_head)
+    if budget_bytes is None and mask != "none":
+        heads = 1 << (heads.bit_length() - 1)
+        if num_m_blocks and num_sms:
+            heads = max(heads, 1 << (balance_heads(num_m_blocks, num_sms) - 1).bit_length())
+    return max(1, min(num_heads_batches, heads))
 
 
 def grid_size(num_sms: int, mask: str, persistent_override: bool | None = None) -> int:

@@ -179,7 +179,9 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
         blocks = -(-q.shape[1] // block_rows) + num_seqs
         tile_rows = block_rows * max(1, -(-blocks // max(num_seqs, 1)))
     group = heuristics.heads_per_group(l2_bytes, seqlen_k, q.shape[3], v.shape[3], q.element_size(), pairs,
-                                      settings.l2_swizzle_bytes(), mask.kind)
+                                      settings.l2_swizzle_bytes(), mask.kind,
+                                      num_m_blocks=-(-q.shape[1] // block_rows) if varlen is None else None,
+                                      num_sms=num_sms)
     grid = heuristics.grid_size(num_sms, mask.kind, settings.persistent_override())
     stream = torch.cuda.current_stream(q.device).cuda_stream
     tail_ctas = 0

@@ -17,8 +17,9 @@ def reference_chunk_bytes() -> int:
 
 
 def l2_swizzle_bytes() -> int | None:
-    """FA4_L2_SWIZZLE_MB: L2 share the tile order may fill with one group's K/V (tuning knob;
-    default: fa4.heuristics.heads_per_group's choice)."""
+    """FA4_L2_SWIZZLE_MB: L2 share the tile order may fill with one group's K/V, taken as it is
+    (tuning knob; unset: fa4.heuristics.heads_per_group's choice, which with a mask also makes
+    groups large enough for the longest-first schedule to end evenly)."""
     value = os.environ.get("FA4_L2_SWIZZLE_MB")
     return int(float(value) * 2**20) if value else None
 

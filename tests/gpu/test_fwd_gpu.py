@@ -366,6 +366,19 @@ def test_grid_choices_agree(monkeypatch, persistent):
     check(q, k, v, causal=True)
 
 
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128)])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window": (90, 20)}])
+def test_tile_order_groups_with_a_remainder(monkeypatch, dims, kw):
+    """10 (head, batch) pairs in groups of 3: the last group takes 4 (tile_scheduler)."""
+    d, dv = dims
+    sq = sk = 700
+    kv_bytes = sk * (d + dv) * 2
+    monkeypatch.setenv("FA4_L2_SWIZZLE_MB", str(3.5 * kv_bytes / 2**20))
+    q = torch.randn(2, sq, 5, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 5, x, device="cuda", dtype=torch.bfloat16) for x in (d, dv))
+    check(q, k, v, **kw)
+
+
 def test_unsupported_head_dim_names_the_alternatives():
     q = torch.randn(1, 8, 2, 40, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="head_dim=40"):

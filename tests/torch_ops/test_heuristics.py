@@ -49,13 +49,37 @@ def test_select_variant_exact_match_only():
 
 def test_heads_per_group_fits_l2_budget():
     mb = 1 << 20
-    # 4k keys, d=128: 2 MB of K/V per head; L2/24 of 60 MB holds 1 head, L2/4 holds 7.
+    # 4k keys, d=128: 2 MB of K/V per head; L2/24 of 60 MB holds 1 head, L2/2 holds 15: 8 of them.
     assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="none") == 1
-    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="causal") == 7
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="causal") == 8
     assert heuristics.heads_per_group(60 * mb, 1024, 64, 64, 2, 2) == 2  # capped by the pairs
     assert heuristics.heads_per_group(50 * mb, 1 << 20, 256, 256, 2, 64) == 1  # huge heads: one at a time
     assert heuristics.heads_per_group(0, 16, 64, 64, 2, 4) == 1
     assert heuristics.heads_per_group(48 * mb, 4096, 128, 128, 2, 64, budget_bytes=4 * mb) == 2
+
+
+def test_heads_per_group_balances_masked_schedules():
+    mb = 1 << 20
+    # The FlashAttention benchmark shapes on an H200: hd256 causal 4k is 4 MB a head, 4 heads
+    # in L2/2 (the best measured); 32 tiles per head need >= 132 / 33 = 4 for balance.
+    assert heuristics.balance_heads(32, 132) == 4
+    assert heuristics.heads_per_group(60 * mb, 4096, 256, 256, 2, 32, mask="causal", num_m_blocks=32,
+                                      num_sms=132) == 4
+    assert heuristics.heads_per_group(60 * mb, 1024, 256, 256, 2, 128, mask="causal", num_m_blocks=8,
+                                      num_sms=132) == 16
+    # Few query blocks against long keys (chunked prefill: 2 blocks, 8 MB of K/V a head): L2/2
+    # holds 3 heads, balance wants 44, i.e. 64; hd256 at 8k (8 MB a head): 2 in L2/2, 3 for
+    # balance, so 4.
+    assert heuristics.heads_per_group(60 * mb, 16384, 128, 128, 2, 64, mask="causal", num_m_blocks=2,
+                                      num_sms=132) == 64
+    assert heuristics.heads_per_group(60 * mb, 8192, 256, 256, 2, 16, mask="causal", num_m_blocks=64,
+                                      num_sms=132) == 4
+    # No mask: equal tiles on the static schedule, the L2 share alone decides.
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, mask="none", num_m_blocks=2,
+                                      num_sms=132) == 1
+    # An explicit budget (FA4_L2_SWIZZLE_MB) is taken as it is.
+    assert heuristics.heads_per_group(60 * mb, 4096, 128, 128, 2, 64, budget_bytes=12 * mb, mask="causal",
+                                      num_m_blocks=32, num_sms=132) == 6
 
 
 def test_grid_size():
