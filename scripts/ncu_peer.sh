@@ -24,5 +24,5 @@ for provider in $providers; do
       --section WarpStateStats --section Occupancy --section LaunchStats --metrics $balance${tensor_metrics:+,$tensor_metrics}" \
       "$seqlen" "$hd" "$mask" 6 16384 $provider
   echo "=== $provider seqlen $seqlen hd $hd $mask"
-  grep -E "^  [a-z_]+.*(Kernel|kernel)|Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Registers Per|Achieved Occupancy|_cycles_active|Grid Size|Block Size|Dynamic Shared|sm__cycles_active|inst_executed" "$rep.details.txt" | head -24
+  grep -E "^  [a-z_]+.*(Kernel|kernel)|Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|Registers Per|Achieved Occupancy|_cycles_active|Grid Size|Block Size|Dynamic Shared|inst_executed" "$rep.details.txt" | head -24
 done

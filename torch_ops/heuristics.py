@@ -110,8 +110,11 @@ def balance_heads(num_m_blocks: int, num_sms: int) -> int:
     test_tile_scheduler.py, tiles as K/V blocks plus the boundary cost) with the L2 groups of
     ``heads_per_group``: at least num_sms / (num_m_blocks + 1) pairs (half a longest tile of
     work per SM in the last group) keeps the busiest SM within 1.5% of the average wherever
-    there are 16+ tiles per SM. In self-attention the L2 groups are larger than this anyway;
-    it matters for few query blocks against long keys (chunked prefill)."""
+    there are 16+ tiles per SM. In the benchmark shapes the L2 groups are at least this large
+    but for hd256 at 8k and 16k (2 and 1 pairs fit L2/2; 3 and 2 wanted). With few query
+    blocks against long keys (chunked prefill) it asks for large groups although such tiles
+    are nearly equal in length; harmless there (a group's tiles then all run at once), not
+    benchmarked."""
     return max(1, -(-num_sms // (num_m_blocks + 1)))
 
 

@@ -5,6 +5,7 @@ and the tile order of the dynamic longest-first schedule (every tile once; with 
 group size the SMs finish together)."""
 import heapq
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -125,9 +126,8 @@ def tile_order(num_m_blocks, num_heads, num_batches, heads_per_group, longest_fi
     sched = StaticPersistentScheduler(num_m_blocks, num_heads, num_batches, heads_per_group, longest_first, 128)
     if fast:
         last_group, last_heads = sched.group_layout()
-        sched = StaticPersistentScheduler(
-            num_m_blocks, num_heads, num_batches, heads_per_group, longest_first, 128,
-            fast=(heads_per_group * num_m_blocks, heads_per_group, last_heads, num_heads, last_group))
+        sched = replace(sched, fast=(heads_per_group * num_m_blocks, heads_per_group, last_heads, num_heads,
+                                     last_group))
     return [sched.coordinates(t) for t in range(sched.num_tiles)]
 
 
@@ -167,10 +167,6 @@ def makespan_ratio(order, num_sms, tile_cost):
     return max(end for end, _ in free) / (total / num_sms)
 
 
-# hd: (tile_m, tile_n), as fa4_kernels.heuristics.fwd_config has them
-TILES = {64: (192, 128), 128: (128, 128), 256: (128, 80)}
-
-
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("seqlen", [1024, 2048, 3000, 4096, 8192, 16384])
 def test_causal_schedule_ends_evenly(head_dim, seqlen):
@@ -182,8 +178,11 @@ def test_causal_schedule_ends_evenly(head_dim, seqlen):
     10% with 4-16 (where L2-sized groups trade some balance for L2 hits; the previous groups
     left up to 25%)."""
     from fa4.heuristics import heads_per_group
+    from fa4_kernels.catalog import VariantKey
+    from fa4_kernels.heuristics import fwd_config
 
-    tile_m, tile_n = TILES[head_dim]
+    cfg = fwd_config(VariantKey("sm_90a", "bf16", head_dim, head_dim, "causal", False))
+    tile_m, tile_n = cfg.tile_m, cfg.tile_n
     num_m_blocks = -(-seqlen // tile_m)
     shift = (-seqlen) % tile_m  # the partial tile first (block_info.row_shift)
 
