@@ -1,5 +1,6 @@
 """Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
-three consumer warpgroups (hd64), pack-GQA (dense and varlen), dynamic scheduling with the
+three consumer warpgroups (hd64, hd128's long-sequence tiles) and four (hd64's short-sequence
+tiles), pack-GQA (dense and varlen), dynamic scheduling with the
 mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
 shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer),
 split tails (partials written and merged across CTAs, flags reset; FA4_SPLIT_TAIL=1 below).
@@ -11,6 +12,7 @@ import os
 import torch
 
 os.environ["FA4_SPLIT_TAIL"] = "1"  # split every partial last round (fa4.settings reads it per call)
+os.environ["FA4_TILES"] = "regular"  # the regular tile families unless said below (read per call)
 import fa4  # noqa: E402
 
 torch.manual_seed(0)
@@ -19,6 +21,20 @@ dev, bf16 = "cuda", torch.bfloat16
 q, k, v = (torch.randn(2, 500, 4, 64, device=dev, dtype=bf16) for _ in range(3))
 for causal in (False, True):
     fa4.attention(q, k, v, causal=causal)
+# hd64's short-sequence tiles: 256 rows, 4 consumer warpgroups (112 registers each), static
+# schedule with more tiles than SMs and a split last round (600 tiles), and pack-GQA rows.
+os.environ["FA4_TILES"] = "short"
+q, k, v = (torch.randn(3, 1000, 50, 64, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v)
+q = torch.randn(2, 37, 8, 64, device=dev, dtype=bf16)
+k, v = (torch.randn(2, 300, 2, 64, device=dev, dtype=bf16) for _ in range(2))
+fa4.attention(q, k, v, pack_gqa=True)
+# hd128's long-sequence tiles: 192 rows, 3 consumer warpgroups, 80-key blocks (a partial last
+# one), split last round.
+os.environ["FA4_TILES"] = "long"
+q, k, v = (torch.randn(1, 1000, 30, 128, device=dev, dtype=bf16) for _ in range(3))
+fa4.attention(q, k, v)
+os.environ["FA4_TILES"] = "regular"
 # pack-GQA, dense: 8 query heads on 2 K/V heads, short queries, causal.
 q = torch.randn(2, 37, 8, 128, device=dev, dtype=bf16)
 k, v = (torch.randn(2, 300, 2, 128, device=dev, dtype=bf16) for _ in range(2))

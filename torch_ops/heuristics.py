@@ -62,20 +62,60 @@ def arch_name(capability: tuple[int, int]) -> str | None:
 def manifest_key(variant: dict) -> tuple:
     """Lookup key of one compiled variant as the build's manifest describes it."""
     return (variant["arch"], variant["dtype"], variant["head_dim"], variant["head_dim_v"], variant["mask"],
-            variant["softcap"], variant.get("varlen", False))
+            variant["softcap"], variant.get("varlen", False), variant.get("tiles", "regular"))
 
 
 def call_key(capability, dtype: str, head_dim: int, head_dim_v: int, mask: str, softcap: bool,
-             varlen: bool = False) -> tuple:
+             varlen: bool = False, tiles: str = "regular") -> tuple:
     """Lookup key of the variant a call needs (matches ``manifest_key``)."""
-    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen)
+    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen, tiles)
 
 
 def select_variant(variants: list[dict], capability, dtype: str, head_dim: int, head_dim_v: int,
-                   mask: str, softcap: bool, varlen: bool = False) -> dict | None:
+                   mask: str, softcap: bool, varlen: bool = False, tiles: str = "regular") -> dict | None:
     """The compiled variant that serves exactly this call, or None."""
-    want = call_key(capability, dtype, head_dim, head_dim_v, mask, softcap, varlen)
+    want = call_key(capability, dtype, head_dim, head_dim_v, mask, softcap, varlen, tiles)
     return next((v for v in variants if manifest_key(v) == want), None)
+
+
+def tile_fill(rows: int, tile_m: int) -> float:
+    """Share of the rows a head's tiles compute that are real rows (the rest pad the last tile)."""
+    rows = max(rows, 1)
+    return rows / (-(-rows // tile_m) * tile_m)
+
+
+TILE_FAMILIES = ("regular", "short", "long")
+# Where the extra tile families pay (fa4_kernels.heuristics.fwd_config has the measurements):
+# hd64's 256-row "short" tiles up to 1024 query rows, hd128's three-warpgroup "long" tiles from
+# 8192 keys on (H200, bf16 16k tokens, no mask, TFLOP/s, regular -> family, same run):
+#   hd64  seqlen 197 154 -> 220, 512 403 -> 443, 577 320 -> 320, 700 408 -> 430, 768 487 -> 478,
+#         1000 440 -> 475, 1536 552 -> 527;
+#   hd128 seqlen 2k 722 -> 709, 4k 749 -> 738, 8k 757 -> 766, 16k 714 -> 748.
+SHORT_SEQ_MAX = 1024
+LONG_SEQ_MIN_K = 8192
+
+
+def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: dict[str, int],
+                override: str | None = None) -> str:
+    """The tile family that serves a dense unmasked call: "regular" (``tile_m`` rows, ``packed``
+    its pack-GQA factor) or one of the extra families ``built`` for the call's key
+    ({family: its tile_m}). Automatic, never for packed GQA (decoding: the regular tiles stream
+    the cache well):
+    - "short" for queries up to SHORT_SEQ_MAX rows that the regular tiles pad and its tiles pad
+      no more (at equal padding its tiles won: 700 rows +5%; without padding they lost: 768 -2%);
+    - "long" for keys from LONG_SEQ_MIN_K on whose query its taller tiles fill at least 98% as
+      well (16384 rows: 99.5%; not one decoding row: 1/192 against 1/128).
+    ``override`` (FA4_TILES) is taken wherever that family is built."""
+    if override is not None:
+        return override if override in built else "regular"
+    if packed > 1:
+        return "regular"
+    fill = tile_fill(seqlen_q, tile_m)
+    if "short" in built and seqlen_q <= SHORT_SEQ_MAX and fill < 1.0 and tile_fill(seqlen_q, built["short"]) >= fill:
+        return "short"
+    if "long" in built and seqlen_k >= LONG_SEQ_MIN_K and tile_fill(seqlen_q, built["long"]) >= 0.98 * fill:
+        return "long"
+    return "regular"
 
 
 def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int]]:
@@ -219,8 +259,4 @@ def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, ove
     if override is True:
         return group
     seqlen_q = max(seqlen_q, 1)
-
-    def fill(rows: int) -> float:
-        return rows / (-(-rows // tile_m) * tile_m)
-
-    return group if fill(seqlen_q) < 0.9 * fill(seqlen_q * group) else 1
+    return group if tile_fill(seqlen_q, tile_m) < 0.9 * tile_fill(seqlen_q * group, tile_m) else 1

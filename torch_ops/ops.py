@@ -156,15 +156,24 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
     capability, l2_bytes, num_sms = _device_facts(q.device.index)
     if varlen is None:
         mask = heuristics.effective_mask(mask, q.shape[1], k.shape[1])
-    key = heuristics.call_key(capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3],
-                              mask.kind, softcap > 0.0, varlen is not None)
-    variant = _variant_table().get(key)
+    key = (capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3], mask.kind, softcap > 0.0,
+           varlen is not None)
+    variant = _variant_table().get(heuristics.call_key(*key))
     if variant is None:
         raise _unsupported(q, v, mask, softcap, capability)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    tile_m = variant["tile_m"]
     longest_q = q.shape[1] if varlen is None else varlen[3]
-    packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, tile_m, pack_gqa)
+    packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, variant["tile_m"], pack_gqa)
+    families = {tiles: _variant_table().get(heuristics.call_key(*key, tiles=tiles))
+                for tiles in heuristics.TILE_FAMILIES[1:]}
+    families = {tiles: found for tiles, found in families.items() if found is not None}  # dense, no mask
+    if families:
+        tiles = heuristics.tile_family(longest_q, k.shape[1], packed, variant["tile_m"],
+                                       {t: found["tile_m"] for t, found in families.items()}, settings.tile_family_override())
+        if tiles != "regular":
+            variant = families[tiles]
+            packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, variant["tile_m"], pack_gqa)
+    tile_m = variant["tile_m"]
     block_rows = tile_m // packed  # query rows of one head per tile
     if varlen is None:
         cu_q = cu_k = used_k = order = _unused_vector(q.device.index)

@@ -35,3 +35,13 @@ def split_tail_override() -> bool | None:
     (tuning knob; default: fa4.heuristics.split_tail_ctas's choice)."""
     value = os.environ.get("FA4_SPLIT_TAIL")
     return None if value in (None, "") else value == "1"
+
+
+def tile_family_override() -> str | None:
+    """FA4_TILES=regular/short/long: run that tile family wherever it is built (hd64 "short", hd128
+    "long": dense, no mask), the regular tiles elsewhere (tuning and test knob; default:
+    fa4.heuristics.tile_family)."""
+    value = os.environ.get("FA4_TILES", "")
+    if value and value not in ("regular", "short", "long"):
+        raise ValueError(f"FA4_TILES must be regular, short or long; got {value!r}")
+    return value or None

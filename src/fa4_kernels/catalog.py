@@ -25,13 +25,19 @@ class VariantKey:
     mask: str  # "none" | "causal" | "local"
     softcap: bool
     varlen: bool = False  # packed sequences delimited by cu_seqlens
+    # Tile family (heuristics.fwd_config): "regular", or an extra dense unmasked variant the
+    # runtime picks by sequence length (fa4.heuristics.tile_family): "short" (hd64: taller tiles
+    # that pad short queries less), "long" (hd128: three consumer warpgroups, faster K/V steps
+    # that pay for their costlier tile boundaries only on long keys).
+    tiles: str = "regular"
 
     @property
     def name(self) -> str:
         """Symbol-safe unique name, also the exported function prefix."""
         sc = "_softcap" if self.softcap else ""
         vl = "_varlen" if self.varlen else ""
-        return f"fa4_fwd_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}{sc}{vl}"
+        tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
+        return f"fa4_fwd_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}{sc}{vl}{tl}"
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -42,13 +48,25 @@ class VariantKey:
         return asdict(self)
 
 
+# The extra tile families, dense and unmasked only, for the head dims where they measured faster:
+# hd64 short queries (<= 1k), hd128 long keys (>= 8k). Masked tiles vary in length, and there the
+# regular tiles were as fast or faster.
+TILE_FAMILIES = {"short": ((64, 64),), "long": ((128, 128),)}
+
+
 def all_variants(archs=ARCHS) -> list[VariantKey]:
-    return [
+    regular = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen)
         for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
             archs, DTYPES, HEAD_DIMS, MASKS, (False, True), (False, True)
         )
     ]
+    extra = [
+        VariantKey(arch, dtype, hd, hdv, "none", softcap, False, tiles=tiles)
+        for tiles, dims in TILE_FAMILIES.items()
+        for arch, dtype, (hd, hdv), softcap in itertools.product(archs, DTYPES, dims, (False, True))
+    ]
+    return regular + extra
 
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:

@@ -77,6 +77,30 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # (head_dim_v / 2): both must fit the 240-register consumer budget with the softmax state,
     # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
+    assert key.tiles == "regular" or (key.mask == "none" and not key.varlen), "tile families are dense, unmasked"
+    if key.tiles == "short":
+        assert key.head_dim == 64, "short-sequence tiles are tuned for hd64"
+        # Four consumer warpgroups (256-row tiles) at 112 registers each, so S gets 64 columns.
+        # Where 192-row tiles leave a partial last tile (seqlen 1024 = 5 x 192 + 64: 11% of the
+        # rows computed are padding) and tile boundaries weigh most, they pay; their K/V steps
+        # are slower (smaller GEMMs, the same per-row softmax costs per 64 columns).
+        # Measured (H200, bf16 16k tokens, two rounds, TFLOP/s, 192x128 -> 256x64): hd64 seqlen
+        # 512 403-405 -> 438-442, 1k 467-471 -> 501-502, 2k 548-549 -> 536-538, 4k 571-572 ->
+        # 557, 16k 562-563 -> 533-535; causal 1k unchanged. Skipping the O rescale, which is now
+        # once per 32 exponentials per thread, is worth 3% here (it is not with 128 columns);
+        # the P @ V wait after the row max ("row_max") 1% over "first_exps", "softmax" -1%;
+        # 3 or 4 K/V stages the same.
+        cfg = FwdConfig(tile_m=256, tile_n=64, num_stages=4, pv_wait="row_max",
+                        rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
+        return place_buffers(cfg, key.head_dim, key.head_dim_v)
+    if key.tiles == "long":
+        # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so
+        # tile_n <= 80: 96 spills). Measured (H200, bf16 16k tokens, two rounds, TFLOP/s,
+        # 128x128 -> 192x80): non-causal 1k 661-662 -> 615-616, 4k 763 -> 752, 8k 772-773 ->
+        # 777-781, 16k 706-724 -> 743-747; causal within +-1% from 4k on, 1k -6%.
+        assert key.head_dim == 128, "long-sequence tiles are tuned for hd128"
+        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
+        return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
         # are short next to its softmax, and a third warpgroup keeps the tensor cores fed.

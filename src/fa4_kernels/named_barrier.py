@@ -1,7 +1,7 @@
 """Named hardware barrier ids (``bar.sync id, count``) used by the forward kernels.
 
 Id 0 is ``__syncthreads``; every other id a kernel uses is listed here so two roles never
-share one by accident.
+share one by accident. The hardware has 16 (0-15); four consumer warpgroups use 1-14.
 """
 import enum
 
@@ -14,13 +14,19 @@ class FwdBarrier(enum.IntEnum):
     EPILOGUE_O_READY = 2
     # Round-robin of the consumer warpgroups' GEMM issue (ping-pong for two): WG k waits on
     # WG_SCHEDULER + k before issuing its GEMMs; the warpgroup before it arrives on it after
-    # issuing its own. Ids 5, 6 (and 7 with three consumer warpgroups).
-    WG_SCHEDULER = 5
+    # issuing its own. Ids 3, 4 (, 5, 6 with three or four consumer warpgroups).
+    WG_SCHEDULER = 3
     # Per-warpgroup epilogue (O in its own buffer): as EPILOGUE_SMEM_FREE / EPILOGUE_O_READY for the
-    # 64 rows of one warpgroup; ids 8, 9 (, 10) and 11, 12 (, 13).
-    EPILOGUE_WG_SMEM_FREE = 8
+    # 64 rows of one warpgroup; ids 7-10 and 11-14.
+    EPILOGUE_WG_SMEM_FREE = 7
     EPILOGUE_WG_O_READY = 11
     # Split tiles (split_partials): a warpgroup's partial stores before its flag, its flag wait
-    # before its partial loads. The ids of EPILOGUE_WG_SMEM_FREE again (8, 9, 10; 128 threads):
-    # a warpgroup uses them for partials only outside its epilogue, with the same thread count.
-    SPLIT_WG = 8
+    # before its partial loads. The ids of EPILOGUE_WG_SMEM_FREE again (7-10; 128 threads): a
+    # warpgroup uses them for partials only outside its epilogue, with the same thread count.
+    SPLIT_WG = 7
+
+
+MAX_CONSUMER_WG = 4
+assert FwdBarrier.WG_SCHEDULER + MAX_CONSUMER_WG <= FwdBarrier.EPILOGUE_WG_SMEM_FREE
+assert FwdBarrier.EPILOGUE_WG_SMEM_FREE + MAX_CONSUMER_WG <= FwdBarrier.EPILOGUE_WG_O_READY
+assert FwdBarrier.EPILOGUE_WG_O_READY + MAX_CONSUMER_WG <= 16

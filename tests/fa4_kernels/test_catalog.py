@@ -35,8 +35,9 @@ def test_compute_capability_from_arch():
 def test_every_variant_has_a_config_that_fits_shared_memory():
     for key in catalog.all_variants():
         cfg = heuristics.fwd_config(key)
-        # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax)
-        assert cfg.tile_m == (192 if key.head_dim <= 64 else 128)
+        # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax) and
+        # hd128's long-sequence tiles, four for hd64's short-sequence tiles
+        assert cfg.tile_m == {"short": 256, "long": 192}.get(key.tiles, 192 if key.head_dim <= 64 else 128)
         assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
 
@@ -63,6 +64,26 @@ def test_rescale_threshold_only_where_o_rescale_is_costly():
     # it is 48-128 registers and the threshold pays (docs/perf_notes.md).
     for key in catalog.all_variants():
         cfg = heuristics.fwd_config(key)
-        expected = 0.0 if key.head_dim <= 64 else heuristics.RESCALE_THRESHOLD
+        # hd64's short-sequence tiles rescale O every 64 columns: there it pays (+3%)
+        expected = 0.0 if key.head_dim <= 64 and key.tiles != "short" else heuristics.RESCALE_THRESHOLD
         assert cfg.rescale_threshold == expected, key.name
     assert 0.0 < heuristics.RESCALE_THRESHOLD <= 16.0  # probabilities up to 2^threshold: bf16/fp16-safe
+
+
+def test_tile_families_are_dense_unmasked_variants_beside_a_regular_one():
+    variants = catalog.all_variants()
+    extra = [v for v in variants if v.tiles != "regular"]
+    want = {(t, d, sc, hd) for t, dims in catalog.TILE_FAMILIES.items() for d in catalog.DTYPES
+            for sc in (False, True) for hd, _ in dims}
+    assert {(v.tiles, v.dtype, v.softcap, v.head_dim) for v in extra} == want
+    shapes = {"short": (64, 256, 64), "long": (128, 192, 80)}  # head_dim, tile_m, tile_n
+    for key in extra:
+        assert (key.head_dim_v, key.mask, key.varlen) == (key.head_dim, "none", False)
+        assert key.name.endswith(f"_{key.tiles}seq")
+        assert dataclasses.replace(key, tiles="regular") in variants
+        cfg = heuristics.fwd_config(key)
+        assert (key.head_dim, cfg.tile_m, cfg.tile_n) == shapes[key.tiles] and cfg.split_tail
+    with pytest.raises(AssertionError, match="dense, unmasked"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "causal", False, tiles="short"))
+    with pytest.raises(AssertionError, match="tuned for hd128"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "none", False, tiles="long"))

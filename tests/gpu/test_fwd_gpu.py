@@ -5,6 +5,7 @@ output buffers for the raw native call) so an unwritten element cannot pass, and
 with SDPA's math backend in the same dtype: fa4's error must stay within 2x of it.
 """
 import math
+import os
 
 import pytest
 import torch
@@ -75,10 +76,20 @@ def check(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, pack_
 
 SEQLENS = [1, 17, 127, 129, 1000, 4097]
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)]
+# Each head-dim case runs one tile family whatever the automatic choice would be (FA4_TILES): the
+# regular tiles, hd64's "short" ones (256 x 64, four consumer warpgroups) or hd128's "long" ones
+# (192 x 80, three), where a call can use them (dense, no mask; elsewhere the regular kernel).
+TILE_CASES = [(d, dv, "regular") for d, dv in HEAD_DIMS] + [(64, 64, "short"), (128, 128, "long")]
+
+
+@pytest.fixture(params=TILE_CASES, ids=lambda c: f"{c[0]}x{c[1]}" + ("" if c[2] == "regular" else f"-{c[2]}"))
+def dims(request, monkeypatch):
+    d, dv, tiles = request.param
+    monkeypatch.setenv("FA4_TILES", tiles)
+    return d, dv
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen", SEQLENS)
 def test_square(dtype, dims, causal, seqlen):
@@ -90,7 +101,6 @@ def test_square(dtype, dims, causal, seqlen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_row_max_jumps_between_key_blocks(dtype, dims, causal):
     """Keys come in 50-key runs of very different magnitudes, so from one K/V block to the next
@@ -108,7 +118,6 @@ def test_row_max_jumps_between_key_blocks(dtype, dims, causal):
     check(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
 
 
-@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("options", [dict(window=(70, 30)), dict(window=(-1, 0), softcap=20.0), dict(softcap=5.0)])
 def test_head_dims_with_window_and_softcap(dims, options):
     d, dv = dims
@@ -140,7 +149,6 @@ def test_pack_gqa(pack_gqa, group, hk, sq, sk, kw):
     check(q, k, v, pack_gqa=pack_gqa, **kw)
 
 
-@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_pack_gqa_head_dims(dims, causal):
     d, dv = dims
@@ -218,12 +226,14 @@ def test_native_call_writes_every_output_element():
     assert not out.isnan().any() and not lse.isnan().any()
 
 
-@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_seqlen_k_a_multiple_of_the_block(dims, causal):
     """A tile's first K/V block then ends exactly at seqlen_k and skips the seqlen mask."""
     d, dv = dims
-    tile_n = next(v["tile_n"] for v in _native.manifest()["variants"] if (v["head_dim"], v["head_dim_v"]) == dims)
+    family = {"short": "short", "long": "long"}.get(os.environ["FA4_TILES"], "regular") if not causal else "regular"
+    tile_n = next(v["tile_n"] for v in _native.manifest()["variants"]
+                  if (v["head_dim"], v["head_dim_v"]) == dims and v.get("tiles", "regular") == family
+                  and v["mask"] == ("causal" if causal else "none"))
     q = torch.randn(2, 333, 4, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 5 * tile_n, 2, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 5 * tile_n, 2, dv, device="cuda", dtype=torch.bfloat16)
@@ -239,7 +249,6 @@ SPLIT_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("shape", SPLIT_SHAPES)
 @pytest.mark.parametrize("softcap", [0.0, 7.0])
 def test_split_tail(monkeypatch, dtype, dims, shape, softcap):
@@ -377,6 +386,26 @@ def test_tile_order_groups_with_a_remainder(monkeypatch, dims, kw):
     q = torch.randn(2, sq, 5, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, 5, x, device="cuda", dtype=torch.bfloat16) for x in (d, dv))
     check(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("d, sq, sk, family", [
+    (64, 1000, 1000, "short"), (64, 197, 197, "short"), (64, 512, 3000, "short"), (64, 700, 700, "short"),
+    (64, 768, 768, "regular"), (64, 1500, 1500, "regular"), (64, 1, 3000, "regular"),
+    (128, 1500, 8192, "long"), (128, 1500, 4096, "regular"), (128, 1, 8192, "regular"),
+])
+def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family):
+    """Automatic choice (fa4.heuristics.tile_family), dense without a mask: hd64 takes 256-row
+    tiles up to 1024 query rows that 192-row ones pad (and they no more), hd128 192-row tiles
+    from 8192 keys on, neither for one unpacked decoding row."""
+    monkeypatch.delenv("FA4_TILES", raising=False)
+    launched = []
+    native_fwd = _native.fwd
+    monkeypatch.setattr(_native, "fwd", lambda name, *args: (launched.append(name), native_fwd(name, *args))[1])
+    q = torch.randn(2, sq, 2, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check(q, k, v)
+    suffix = "" if family == "regular" else f"_{family}seq"
+    assert len(launched) == 1 and launched[0].endswith(f"_none{suffix}"), launched
 
 
 def test_unsupported_head_dim_names_the_alternatives():

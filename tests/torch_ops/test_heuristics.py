@@ -45,6 +45,47 @@ def test_select_variant_exact_match_only():
     assert heuristics.arch_name((10, 0)) is None
     varlen = dict(VARIANTS[0], varlen=True, name="c")
     assert heuristics.select_variant(VARIANTS + [varlen], (9, 0), "bf16", 128, 128, "causal", False, True)["name"] == "c"
+    short = dict(VARIANTS[1], tiles="short", name="d")
+    assert heuristics.select_variant(VARIANTS + [short], (9, 0), "bf16", 64, 64, "none", True)["name"] == "b"
+    assert heuristics.select_variant(VARIANTS + [short], (9, 0), "bf16", 64, 64, "none", True,
+                                     tiles="short")["name"] == "d"
+
+
+HD64 = {"short": 256}  # hd64: regular 192-row tiles, "short" 256
+HD128 = {"long": 192}  # hd128: regular 128-row tiles, "long" 192
+
+
+@pytest.mark.parametrize("tile_m, built, sq, sk, packed, override, expected", [
+    (192, HD64, 1024, 1024, 1, None, "short"),    # 192-row tiles: 5 full + 64 rows (89% real); 256: 4 full
+    (192, HD64, 512, 8192, 1, None, "short"),     # 89% vs 100%, whatever the keys
+    (192, HD64, 197, 197, 1, None, "short"),      # ViT-style: 51% vs 77%
+    (192, HD64, 768, 768, 1, None, "regular"),    # both exact: the regular tiles' faster steps win
+    (192, HD64, 960, 960, 1, None, "regular"),    # regular exact (5 x 192), short pads 64
+    (192, HD64, 700, 700, 1, None, "short"),      # both pad to 768: measured +5%
+    (192, HD64, 1, 8192, 1, None, "regular"),     # one unpacked decoding row: 1/256 against 1/192
+    (192, HD64, 1025, 1025, 1, None, "regular"),  # beyond SHORT_SEQ_MAX
+    (192, HD64, 1024, 1024, 4, None, "regular"),  # pack-GQA
+    (192, HD64, 4096, 4096, 1, "short", "short"),        # FA4_TILES=short
+    (192, HD64, 1024, 1024, 1, "regular", "regular"),    # FA4_TILES=regular
+    (192, HD64, 1024, 1024, 1, "long", "regular"),       # not built for hd64
+    (128, HD128, 16384, 16384, 1, None, "long"),   # 192-row tiles pad 0.5%
+    (128, HD128, 8192, 8192, 1, None, "long"),
+    (128, HD128, 4096, 4096, 1, None, "regular"),  # below LONG_SEQ_MIN_K: measured 1.5% slower
+    (128, HD128, 4096, 16384, 1, None, "regular"), # 97% vs 100% full: the padding costs more
+    (128, HD128, 1000, 16384, 1, None, "regular"),
+    (128, HD128, 1, 8192, 1, None, "regular"),     # unpacked decoding: 1/192 against 1/128
+    (128, HD128, 10000, 10000, 1, None, "long"),   # 98.3% against 98.9%
+    (128, HD128, 16384, 16384, 2, None, "regular"),
+    (128, {}, 1024, 1024, 1, "short", "regular"),  # nothing else built for this key
+])
+def test_tile_family(tile_m, built, sq, sk, packed, override, expected):
+    assert heuristics.tile_family(sq, sk, packed, tile_m, built, override) == expected
+
+
+def test_tile_fill():
+    assert heuristics.tile_fill(1024, 256) == 1.0
+    assert heuristics.tile_fill(1024, 192) == pytest.approx(1024 / 1152)
+    assert heuristics.tile_fill(0, 128) == 1 / 128  # an empty query still takes one tile
 
 
 def test_heads_per_group_fits_l2_budget():

@@ -72,10 +72,11 @@ LOG2_E = 1.4426950408889634
 
 THREADS_PER_WG = 128
 ROWS_PER_WG = 64  # the WGMMA M size: each consumer warpgroup owns 64 rows of the tile
-# Register budget per thread after setmaxnreg, by number of consumer warpgroups:
-# 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 both fit the 64K registers of an SM.
+# Register budget per thread after setmaxnreg, by number of consumer warpgroups: what the
+# launch allocates (64K registers / threads, in steps of 8) less the producer's 24. Four
+# consumer warpgroups launch at 96 per thread (640 threads), so 24 * 128 + 112 * 512 is the most.
 PRODUCER_REGS = 24
-CONSUMER_REGS = {2: 240, 3: 160}
+CONSUMER_REGS = {2: 240, 3: 160, 4: 112}
 STORE_WARP = 4  # first consumer warp: issues the TMA store of a whole O tile
 PV_WAIT_AFTER_EXP = 3  # pv_wait "first_exps": the P @ V wait follows row 0's 4th exponential
 
@@ -110,7 +111,7 @@ class FlashAttentionForwardSm90:
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
-        assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2 or 3 consumer warpgroups"
+        assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2, 3 or 4 consumer warpgroups"
         assert head_dim % 16 == 0 and head_dim_v % 16 == 0
         self.dtype = dtype
         self.head_dim = head_dim
