@@ -60,22 +60,23 @@ def arch_name(capability: tuple[int, int]) -> str | None:
 
 
 def manifest_key(variant: dict) -> tuple:
-    """Lookup key of one compiled variant as the build's manifest describes it."""
+    """Lookup key of one compiled variant as the build's manifest describes it; the variants of
+    one key differ only in their tile family (``variant["tiles"]``, see ``tile_family``)."""
     return (variant["arch"], variant["dtype"], variant["head_dim"], variant["head_dim_v"], variant["mask"],
-            variant["softcap"], variant.get("varlen", False), variant.get("tiles", "regular"))
+            variant["softcap"], variant.get("varlen", False))
 
 
 def call_key(capability, dtype: str, head_dim: int, head_dim_v: int, mask: str, softcap: bool,
-             varlen: bool = False, tiles: str = "regular") -> tuple:
-    """Lookup key of the variant a call needs (matches ``manifest_key``)."""
-    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen, tiles)
+             varlen: bool = False) -> tuple:
+    """Lookup key of the variants a call can use (matches ``manifest_key``)."""
+    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen)
 
 
 def select_variant(variants: list[dict], capability, dtype: str, head_dim: int, head_dim_v: int,
                    mask: str, softcap: bool, varlen: bool = False, tiles: str = "regular") -> dict | None:
-    """The compiled variant that serves exactly this call, or None."""
-    want = call_key(capability, dtype, head_dim, head_dim_v, mask, softcap, varlen, tiles)
-    return next((v for v in variants if manifest_key(v) == want), None)
+    """The compiled variant that serves exactly this call in tile family ``tiles``, or None."""
+    want = call_key(capability, dtype, head_dim, head_dim_v, mask, softcap, varlen)
+    return next((v for v in variants if manifest_key(v) == want and v.get("tiles", "regular") == tiles), None)
 
 
 def tile_fill(rows: int, tile_m: int) -> float:

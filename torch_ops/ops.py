@@ -59,8 +59,11 @@ def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=
 
 @functools.cache
 def _variant_table() -> dict:
-    """heuristics.select_variant as a dict: one lookup per call."""
-    return {heuristics.manifest_key(v): v for v in _native.manifest()["variants"]}
+    """heuristics.select_variant as a dict, {call key: {tile family: variant}}: one lookup per call."""
+    table = {}
+    for v in _native.manifest()["variants"]:
+        table.setdefault(heuristics.manifest_key(v), {})[v.get("tiles", "regular")] = v
+    return table
 
 
 @functools.cache
@@ -156,20 +159,19 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
     capability, l2_bytes, num_sms = _device_facts(q.device.index)
     if varlen is None:
         mask = heuristics.effective_mask(mask, q.shape[1], k.shape[1])
-    key = (capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3], mask.kind, softcap > 0.0,
-           varlen is not None)
-    variant = _variant_table().get(heuristics.call_key(*key))
+    key = heuristics.call_key(capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3],
+                              mask.kind, softcap > 0.0, varlen is not None)
+    families = _variant_table().get(key, {})
+    variant = families.get("regular")
     if variant is None:
         raise _unsupported(q, v, mask, softcap, capability)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     longest_q = q.shape[1] if varlen is None else varlen[3]
     packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, variant["tile_m"], pack_gqa)
-    families = {tiles: _variant_table().get(heuristics.call_key(*key, tiles=tiles))
-                for tiles in heuristics.TILE_FAMILIES[1:]}
-    families = {tiles: found for tiles, found in families.items() if found is not None}  # dense, no mask
-    if families:
-        tiles = heuristics.tile_family(longest_q, k.shape[1], packed, variant["tile_m"],
-                                       {t: found["tile_m"] for t, found in families.items()}, settings.tile_family_override())
+    if len(families) > 1:  # extra tile families: dense hd64 / hd128 without a mask
+        built = {tiles: found["tile_m"] for tiles, found in families.items() if tiles != "regular"}
+        tiles = heuristics.tile_family(longest_q, k.shape[1], packed, variant["tile_m"], built,
+                                       settings.tile_family_override())
         if tiles != "regular":
             variant = families[tiles]
             packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, variant["tile_m"], pack_gqa)

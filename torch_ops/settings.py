@@ -5,6 +5,8 @@ Build-time variables (FA4_ARCHS, FA4_VARIANTS, FA4_BUILD_JOBS) belong to the bui
 """
 import os
 
+from .heuristics import TILE_FAMILIES
+
 
 def native_disabled() -> bool:
     """FA4_DISABLE_NATIVE=1: never call the compiled kernels (CUDA inputs raise instead)."""
@@ -42,6 +44,6 @@ def tile_family_override() -> str | None:
     "long": dense, no mask), the regular tiles elsewhere (tuning and test knob; default:
     fa4.heuristics.tile_family)."""
     value = os.environ.get("FA4_TILES", "")
-    if value and value not in ("regular", "short", "long"):
-        raise ValueError(f"FA4_TILES must be regular, short or long; got {value!r}")
+    if value and value not in TILE_FAMILIES:
+        raise ValueError(f"FA4_TILES must be one of {', '.join(TILE_FAMILIES)}; got {value!r}")
     return value or None
