@@ -44,6 +44,17 @@ class BlockInfo:
         n_block_min = cutlass.min(n_block_min, n_block_max - 1)
         return n_block_min, n_block_max
 
+    def n_block_max_of_rows(self, rows_end, seqlen_q, seqlen_k, n_block_min, n_block_max):
+        """The right-edge bound of [n_block_min, n_block_max) for the query rows below sequence
+        row ``rows_end`` (causal/local): a consumer warpgroup holding a tile's upper rows sees
+        fewer blocks on the diagonal than the tile. Never below n_block_min + 1 (a warpgroup
+        whose rows see no key still visits the tile's first block, fully masked)."""
+        right = rows_end + seqlen_k - seqlen_q
+        if const_expr(self.is_local):
+            right = right + self.window_right
+        bound = cutlass.min(n_block_max, cute.ceil_div(cutlass.max(right, 0), self.tile_n))
+        return cutlass.max(bound, n_block_min + 1)
+
     def n_block_min_right_mask(self, seqlen_q, seqlen_k, m_block, n_block_min):
         """Blocks at or above this index may hold keys right of some row's limit (causal/local)."""
         first_row_limit = m_block * self.block_rows + seqlen_k - seqlen_q + 1

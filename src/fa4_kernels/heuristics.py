@@ -50,6 +50,16 @@ class FwdConfig:
     # decides per call how many CTAs take part, fa4.heuristics.split_tail_ctas). Masked and
     # packed variable-length tiles differ in length and are scheduled dynamically instead.
     split_tail: bool = False
+    # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
+    # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
+    # last rows never does). Pays where the warpgroups contend for the tensor cores or the MUFU,
+    # i.e. three or four consumer warpgroups or a long P @ V: measured (H200, bf16 16k tokens,
+    # two rounds, causal TFLOP/s, off -> on): hd64 1k 350-351 -> 369, 4k 525-528 -> 537, 16k
+    # 571-576 -> 574-581; hd256 1k 512-513 -> 526, 4k 740-741 -> 744-745, 16k unchanged; hd192
+    # (dv 192, one round) 1k 495 -> 502, 4k 718 -> 726, 16k 805 -> 809. Not for
+    # two warpgroups with dv <= 128, whose period is each warpgroup's own issue + softmax chain:
+    # hd128 1k 512 -> 507-508, 4k 689-692 -> 685-687.
+    skip_dead_blocks: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -126,7 +136,8 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
     if key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
-    cfg = replace(cfg, split_tail=key.mask == "none" and not key.varlen)
+    cfg = replace(cfg, split_tail=key.mask == "none" and not key.varlen,
+                  skip_dead_blocks=key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128))
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg

@@ -59,6 +59,17 @@ def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
         heuristics.place_buffers(heuristics.FwdConfig(tile_m=192, tile_n=64, num_stages=2), 256, 256)
 
 
+def test_dead_blocks_are_skipped_where_warpgroups_contend():
+    # Masked tiles only; three or four consumer warpgroups (MUFU/tensor contention) or dv > 128
+    # (long P @ V). hd96-hd192x128 on two warpgroups measured (hd128) a little slower with it.
+    for key in catalog.all_variants():
+        cfg = heuristics.fwd_config(key)
+        expected = key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128)
+        assert cfg.skip_dead_blocks == expected, key.name
+    on = {(v.head_dim, v.head_dim_v) for v in catalog.all_variants() if heuristics.fwd_config(v).skip_dead_blocks}
+    assert on == {(64, 64), (192, 192), (256, 256)}
+
+
 def test_rescale_threshold_only_where_o_rescale_is_costly():
     # hd64's O is 32 registers per thread: skipping its rescale measured 0 to -2%; from hd96 on
     # it is 48-128 registers and the threshold pays (docs/perf_notes.md).

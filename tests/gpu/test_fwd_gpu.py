@@ -368,6 +368,18 @@ def test_backward_matches_reference():
         assert rel_error(got, want) < 2e-2
 
 
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window": (300, 0)}, {"window": (100, 20)}])
+def test_more_tiles_than_sms(dims, kw):
+    """Every CTA of the persistent grid runs several diagonal tiles (192-256 of them here), in
+    which warpgroups holding a tile's upper rows sit out its rightmost blocks while the others
+    compute them, and with O staged in V's buffer (hd192x192, hd256) the previous tile's O
+    store still holds V: the next tile must neither hang nor read a stage early."""
+    d, dv = dims
+    q, k = (torch.randn(4, 1000, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(4, 1000, 8, dv, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v, **kw)
+
+
 @pytest.mark.parametrize("persistent", ["0", "1"])
 def test_grid_choices_agree(monkeypatch, persistent):
     monkeypatch.setenv("FA4_PERSISTENT", persistent)

@@ -108,6 +108,7 @@ class FlashAttentionForwardSm90:
         rescale_threshold: float = 0.0,
         o_in_v: bool = False,
         split_tail: bool = False,
+        skip_dead_blocks: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -146,6 +147,9 @@ class FlashAttentionForwardSm90:
         # a warpgroup's O rows would overwrite V rows another warpgroup may still be reading.
         self.wg_epilogue = not self.o_in_v
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
+        # Causal/local: warpgroups sit out the diagonal blocks that hide all their rows' keys
+        # (skip_blocks; heuristics.FwdConfig.skip_dead_blocks says where it pays).
+        self.skip_dead_blocks = skip_dead_blocks and (is_causal or is_local)
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -649,6 +653,22 @@ class FlashAttentionForwardSm90:
                                  block_info.window_left, block_info.window_right)
             n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
                                                         kv_lo, kv_hi)
+            skipped = Int32(0)
+            if const_expr(self.skip_dead_blocks):
+                skip_state = kv_state.clone()
+                # On the diagonal a warpgroup's 64 rows see fewer blocks than the tile's last row
+                # does: it sits out the tile's first (rightmost) blocks that hide all its keys
+                # (hd64's 192-row tiles: 9 of 81 warpgroup-blocks at seqlen 1k). It still takes
+                # its turns in the round-robin and releases their stages (see skip_blocks).
+                skipped = n_block_max - self.warpgroup_n_block_max(block_info, rows, wg_idx, seq, n_block_min,
+                                                                   n_block_max)
+                n_block_max -= skipped
+                kv_state = self.skip_blocks(kv_state, skipped, pipeline_k)
+                if const_expr(self.o_in_v):
+                    # The producer loads this tile's second K only once the previous O store
+                    # has read V's buffer: a warpgroup that starts on that K says so first.
+                    if skipped > 0 and handoffs_o > 0:
+                        self.release_o_buffer(o_free_mbar)
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 0)
             pipeline_q.consumer_wait(q_state)
@@ -668,7 +688,7 @@ class FlashAttentionForwardSm90:
                 # warp waits for that here, under this Q @ K^T, rather than right after issuing
                 # the store (which held its warpgroup back at the tile boundary: measured 1%
                 # slower at seqlen 1k for hd192/hd256).
-                if handoffs_o > 0:
+                if handoffs_o > 0 and skipped == 0:
                     self.release_o_buffer(o_free_mbar)
                 handoffs_o += 1
             warpgroup.wait_group(0)
@@ -689,6 +709,14 @@ class FlashAttentionForwardSm90:
                 first_block(True)
             else:
                 first_block(False)
+            if const_expr(self.skip_dead_blocks):
+                # The skipped blocks' V stages, released once loaded (after this softmax they
+                # have landed): an arrive before the stage's load could count towards the
+                # previous phase of its "empty" barrier.
+                for _ in cutlass.range(skipped, unroll=1):
+                    pipeline_v.consumer_wait(skip_state)
+                    pipeline_v.consumer_release(skip_state)
+                    skip_state.advance()
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 2)
 
@@ -701,7 +729,7 @@ class FlashAttentionForwardSm90:
             n_block_max_unmasked = n_block_max - 1
             if const_expr(self.is_causal or self.is_local):
                 n_right = block_info.n_block_min_right_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
-                for i in cutlass.range(n_block_max_unmasked - n_right, unroll=1):
+                for i in cutlass.range(cutlass.max(n_block_max_unmasked - n_right, 0), unroll=1):
                     kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
                 n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
             # ... the interior does not ...
@@ -915,6 +943,31 @@ class FlashAttentionForwardSm90:
         if const_expr(tOrP is not None):
             store_as_operand_a(acc_S, tOrP)
         return row_scale
+
+    @cute.jit
+    def warpgroup_n_block_max(self, block_info: BlockInfo, rows: TileRows, wg_idx: Int32, seq: SeqlenInfo,
+                              n_block_min: Int32, n_block_max: Int32) -> Int32:
+        """The tile's n_block_max for this warpgroup's rows (causal/local right edge)."""
+        rows_end = Int32(ROWS_PER_WG) * (wg_idx + 1)
+        if rows.pack_log2 != 0:
+            # Packed tiles stack the heads' rows: every warpgroup may hold a head's last rows.
+            rows_end = rows.block_rows
+        return block_info.n_block_max_of_rows(rows.first_row + rows_end, seq.seqlen_q, seq.seqlen_k, n_block_min,
+                                              n_block_max)
+
+    @cute.jit
+    def skip_blocks(self, kv_state, skipped: Int32, pipeline_k: pipeline.PipelineAsync):
+        """Sit out ``skipped`` K/V blocks: wait for each K and release it (a release before the
+        load could complete the previous phase of the stage's "empty" barrier), and take the
+        turn in the round-robin without a GEMM, so every warpgroup waits and signals the same
+        number of times per tile. Their V stages are released by the caller."""
+        for _ in cutlass.range(skipped, unroll=1):
+            pipeline_k.consumer_wait(kv_state)
+            self.scheduler_wait()
+            self.scheduler_signal()
+            pipeline_k.consumer_release(kv_state)
+            kv_state.advance()
+        return kv_state
 
     @cute.jit
     def scheduler_wait(self):
