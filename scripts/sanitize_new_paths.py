@@ -1,6 +1,7 @@
 """Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
 three consumer warpgroups (hd64, hd128's long-sequence tiles) and four (hd64's short-sequence
-tiles), pack-GQA (dense and varlen), dynamic scheduling with the
+tiles, causal too), warpgroups sitting out diagonal blocks (hd64, and hd256 with several
+tiles per CTA: 256 tiles below), pack-GQA (dense and varlen), dynamic scheduling with the
 mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
 shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer),
 split tails (partials written and merged across CTAs, flags reset; FA4_SPLIT_TAIL=1 below).
@@ -26,6 +27,8 @@ for causal in (False, True):
 os.environ["FA4_TILES"] = "short"
 q, k, v = (torch.randn(3, 1000, 50, 64, device=dev, dtype=bf16) for _ in range(3))
 fa4.attention(q, k, v)
+# ... causal (dynamic schedule), where warpgroups sit out up to three diagonal blocks per tile.
+fa4.attention(q, k, v, causal=True)
 q = torch.randn(2, 37, 8, 64, device=dev, dtype=bf16)
 k, v = (torch.randn(2, 300, 2, 64, device=dev, dtype=bf16) for _ in range(2))
 fa4.attention(q, k, v, pack_gqa=True)

@@ -88,22 +88,26 @@ def tile_fill(rows: int, tile_m: int) -> float:
 TILE_FAMILIES = ("regular", "short", "long")
 # Where the extra tile families pay (fa4_kernels.heuristics.fwd_config has the measurements):
 # hd64's 256-row "short" tiles up to 1024 query rows, hd128's three-warpgroup "long" tiles from
-# 8192 keys on (H200, bf16 16k tokens, no mask, TFLOP/s, regular -> family, same run):
-#   hd64  seqlen 197 154 -> 220, 512 403 -> 443, 577 320 -> 320, 700 408 -> 430, 768 487 -> 478,
-#         1000 440 -> 475, 1536 552 -> 527;
-#   hd128 seqlen 2k 722 -> 709, 4k 749 -> 738, 8k 757 -> 766, 16k 714 -> 748.
+# 8192 keys on (H200, bf16 16k tokens, TFLOP/s, regular -> family, same run):
+#   hd64  no mask: seqlen 197 154 -> 220, 512 403 -> 443, 577 320 -> 320, 700 408 -> 430,
+#         768 487 -> 478, 1000 440 -> 475, 1536 552 -> 527;
+#         causal: 197 85 -> 119, 512 270 -> 291, 700 314 -> 321, 768 345 -> 353, 1000 352 -> 366,
+#         1024 372 -> 391, 1536 443 -> 439 (and 2048 474 -> 460-463 in another run);
+#   hd128 no mask: seqlen 2k 722 -> 709, 4k 749 -> 738, 8k 757 -> 766, 16k 714 -> 748.
 SHORT_SEQ_MAX = 1024
 LONG_SEQ_MIN_K = 8192
 
 
 def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: dict[str, int],
-                override: str | None = None) -> str:
-    """The tile family that serves a dense unmasked call: "regular" (``tile_m`` rows, ``packed``
-    its pack-GQA factor) or one of the extra families ``built`` for the call's key
-    ({family: its tile_m}). Automatic, never for packed GQA (decoding: the regular tiles stream
-    the cache well):
-    - "short" for queries up to SHORT_SEQ_MAX rows that the regular tiles pad and its tiles pad
-      no more (at equal padding its tiles won: 700 rows +5%; without padding they lost: 768 -2%);
+                override: str | None = None, mask: str = "none") -> str:
+    """The tile family that serves a dense call: "regular" (``tile_m`` rows, ``packed`` its
+    pack-GQA factor) or one of the extra families ``built`` for the call's key ({family: its
+    tile_m}; ``mask`` its mask kind). Automatic, never for packed GQA (decoding: the regular tiles
+    stream the cache well):
+    - "short" for queries up to SHORT_SEQ_MAX rows: causal always (its warpgroups skip 64-key
+      diagonal blocks: +2% to +40% at every length measured up to 1024, -1% at 1536); without a
+      mask where the regular tiles pad and its tiles pad no more (at equal padding its tiles
+      won: 700 rows +5%; without padding they lost: 768 -2%);
     - "long" for keys from LONG_SEQ_MIN_K on whose query its taller tiles fill at least 98% as
       well (16384 rows: 99.5%; not one decoding row: 1/192 against 1/128).
     ``override`` (FA4_TILES) is taken wherever that family is built."""
@@ -112,8 +116,9 @@ def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: d
     if packed > 1:
         return "regular"
     fill = tile_fill(seqlen_q, tile_m)
-    if "short" in built and seqlen_q <= SHORT_SEQ_MAX and fill < 1.0 and tile_fill(seqlen_q, built["short"]) >= fill:
-        return "short"
+    if "short" in built and seqlen_q <= SHORT_SEQ_MAX:
+        if mask == "causal" or (fill < 1.0 and tile_fill(seqlen_q, built["short"]) >= fill):
+            return "short"
     if "long" in built and seqlen_k >= LONG_SEQ_MIN_K and tile_fill(seqlen_q, built["long"]) >= 0.98 * fill:
         return "long"
     return "regular"

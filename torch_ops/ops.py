@@ -168,10 +168,10 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     longest_q = q.shape[1] if varlen is None else varlen[3]
     packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, variant["tile_m"], pack_gqa)
-    if len(families) > 1:  # extra tile families: dense hd64 / hd128 without a mask
+    if len(families) > 1:  # extra tile families: dense hd64 (no mask, causal), hd128 (no mask)
         built = {tiles: found["tile_m"] for tiles, found in families.items() if tiles != "regular"}
         tiles = heuristics.tile_family(longest_q, k.shape[1], packed, variant["tile_m"], built,
-                                       settings.tile_family_override())
+                                       settings.tile_family_override(), mask.kind)
         if tiles != "regular":
             variant = families[tiles]
             packed = heuristics.pack_gqa_factor(q.shape[2], k.shape[2], longest_q, variant["tile_m"], pack_gqa)

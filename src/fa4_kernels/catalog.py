@@ -25,10 +25,11 @@ class VariantKey:
     mask: str  # "none" | "causal" | "local"
     softcap: bool
     varlen: bool = False  # packed sequences delimited by cu_seqlens
-    # Tile family (heuristics.fwd_config): "regular", or an extra dense unmasked variant the
-    # runtime picks by sequence length (fa4.heuristics.tile_family): "short" (hd64: taller tiles
-    # that pad short queries less), "long" (hd128: three consumer warpgroups, faster K/V steps
-    # that pay for their costlier tile boundaries only on long keys).
+    # Tile family (heuristics.fwd_config): "regular", or an extra dense variant the runtime
+    # picks by sequence length (fa4.heuristics.tile_family): "short" (hd64, no mask or causal:
+    # taller tiles that pad short queries less, and on the causal diagonal each warpgroup's
+    # 64 rows skip 64-key blocks of their own), "long" (hd128, no mask: three consumer
+    # warpgroups, faster K/V steps that pay for their costlier tile boundaries only on long keys).
     tiles: str = "regular"
 
     @property
@@ -48,10 +49,11 @@ class VariantKey:
         return asdict(self)
 
 
-# The extra tile families, dense and unmasked only, for the head dims where they measured faster:
-# hd64 short queries (<= 1k), hd128 long keys (>= 8k). Masked tiles vary in length, and there the
-# regular tiles were as fast or faster.
+# The extra tile families, dense only, for the head dims and masks where they measured faster:
+# hd64 short queries (<= 1k) without a mask or causal, hd128 long keys (>= 8k) without a mask
+# (causal within +-1% there). Local windows and varlen keep the regular tiles.
 TILE_FAMILIES = {"short": ((64, 64),), "long": ((128, 128),)}
+TILE_FAMILY_MASKS = {"short": ("none", "causal"), "long": ("none",)}
 
 
 def all_variants(archs=ARCHS) -> list[VariantKey]:
@@ -62,9 +64,10 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
         )
     ]
     extra = [
-        VariantKey(arch, dtype, hd, hdv, "none", softcap, False, tiles=tiles)
+        VariantKey(arch, dtype, hd, hdv, mask, softcap, False, tiles=tiles)
         for tiles, dims in TILE_FAMILIES.items()
-        for arch, dtype, (hd, hdv), softcap in itertools.product(archs, DTYPES, dims, (False, True))
+        for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
+            archs, DTYPES, dims, TILE_FAMILY_MASKS[tiles], (False, True))
     ]
     return regular + extra
 

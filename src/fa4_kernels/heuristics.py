@@ -87,7 +87,9 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # (head_dim_v / 2): both must fit the 240-register consumer budget with the softmax state,
     # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
-    assert key.tiles == "regular" or (key.mask == "none" and not key.varlen), "tile families are dense, unmasked"
+    assert key.tiles == "regular" or not key.varlen, "tile families are dense"
+    assert key.tiles != "long" or key.mask == "none", "long-sequence tiles are unmasked"
+    assert key.tiles != "short" or key.mask != "local", "short-sequence tiles: no mask or causal"
     if key.tiles == "short":
         assert key.head_dim == 64, "short-sequence tiles are tuned for hd64"
         # Four consumer warpgroups (256-row tiles) at 112 registers each, so S gets 64 columns.
@@ -96,12 +98,17 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # are slower (smaller GEMMs, the same per-row softmax costs per 64 columns).
         # Measured (H200, bf16 16k tokens, two rounds, TFLOP/s, 192x128 -> 256x64): hd64 seqlen
         # 512 403-405 -> 438-442, 1k 467-471 -> 501-502, 2k 548-549 -> 536-538, 4k 571-572 ->
-        # 557, 16k 562-563 -> 533-535; causal 1k unchanged. Skipping the O rescale, which is now
+        # 557, 16k 562-563 -> 533-535. Causal: unchanged at 1k until warpgroups sat out the
+        # diagonal blocks hiding their rows' keys (skip_dead_blocks: with 64-row warpgroups and
+        # 64-key blocks, warpgroup w of 4 skips 3 - w blocks per tile, a 15% cut at 1k); then,
+        # both with the skip, 192x128 -> 256x64: 512 270 -> 290-292, 1k 369 -> 389-391, 2k 474
+        # -> 460-463, 4k 536 -> 511-513. Skipping the O rescale, which is now
         # once per 32 exponentials per thread, is worth 3% here (it is not with 128 columns);
         # the P @ V wait after the row max ("row_max") 1% over "first_exps", "softmax" -1%;
         # 3 or 4 K/V stages the same.
         cfg = FwdConfig(tile_m=256, tile_n=64, num_stages=4, pv_wait="row_max",
-                        rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
+                        rescale_threshold=RESCALE_THRESHOLD, split_tail=key.mask == "none",
+                        skip_dead_blocks=key.mask != "none")
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.tiles == "long":
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so

@@ -81,20 +81,27 @@ def test_rescale_threshold_only_where_o_rescale_is_costly():
     assert 0.0 < heuristics.RESCALE_THRESHOLD <= 16.0  # probabilities up to 2^threshold: bf16/fp16-safe
 
 
-def test_tile_families_are_dense_unmasked_variants_beside_a_regular_one():
+def test_tile_families_are_dense_variants_beside_a_regular_one():
     variants = catalog.all_variants()
     extra = [v for v in variants if v.tiles != "regular"]
-    want = {(t, d, sc, hd) for t, dims in catalog.TILE_FAMILIES.items() for d in catalog.DTYPES
-            for sc in (False, True) for hd, _ in dims}
-    assert {(v.tiles, v.dtype, v.softcap, v.head_dim) for v in extra} == want
+    want = {(t, d, sc, hd, mask) for t, dims in catalog.TILE_FAMILIES.items() for d in catalog.DTYPES
+            for sc in (False, True) for hd, _ in dims for mask in catalog.TILE_FAMILY_MASKS[t]}
+    assert {(v.tiles, v.dtype, v.softcap, v.head_dim, v.mask) for v in extra} == want
+    assert {(v.tiles, v.mask) for v in extra} == {("short", "none"), ("short", "causal"), ("long", "none")}
     shapes = {"short": (64, 256, 64), "long": (128, 192, 80)}  # head_dim, tile_m, tile_n
     for key in extra:
-        assert (key.head_dim_v, key.mask, key.varlen) == (key.head_dim, "none", False)
+        assert (key.head_dim_v, key.varlen) == (key.head_dim, False)
         assert key.name.endswith(f"_{key.tiles}seq")
         assert dataclasses.replace(key, tiles="regular") in variants
         cfg = heuristics.fwd_config(key)
-        assert (key.head_dim, cfg.tile_m, cfg.tile_n) == shapes[key.tiles] and cfg.split_tail
-    with pytest.raises(AssertionError, match="dense, unmasked"):
-        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "causal", False, tiles="short"))
+        assert (key.head_dim, cfg.tile_m, cfg.tile_n) == shapes[key.tiles]
+        # equal unmasked tiles split the static schedule's tail; causal ones skip dead blocks
+        assert cfg.split_tail == (key.mask == "none") and cfg.skip_dead_blocks == (key.mask == "causal")
+    with pytest.raises(AssertionError, match="dense"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "causal", False, True, tiles="short"))
+    with pytest.raises(AssertionError, match="no mask or causal"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "local", False, tiles="short"))
+    with pytest.raises(AssertionError, match="unmasked"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, tiles="long"))
     with pytest.raises(AssertionError, match="tuned for hd128"):
         heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "none", False, tiles="long"))

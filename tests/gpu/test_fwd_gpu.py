@@ -402,22 +402,28 @@ def test_tile_order_groups_with_a_remainder(monkeypatch, dims, kw):
 
 @pytest.mark.parametrize("d, sq, sk, family", [
     (64, 1000, 1000, "short"), (64, 197, 197, "short"), (64, 512, 3000, "short"), (64, 700, 700, "short"),
-    (64, 768, 768, "regular"), (64, 1500, 1500, "regular"), (64, 1, 3000, "regular"),
+    (64, 768, 768, "regular"), (64, 1500, 1500, "regular"), (64, 1, 3000, "regular"), (64, 960, 960, "regular"),
     (128, 1500, 8192, "long"), (128, 1500, 4096, "regular"), (128, 1, 8192, "regular"),
 ])
-def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family):
-    """Automatic choice (fa4.heuristics.tile_family), dense without a mask: hd64 takes 256-row
-    tiles up to 1024 query rows that 192-row ones pad (and they no more), hd128 192-row tiles
-    from 8192 keys on, neither for one unpacked decoding row."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family, causal):
+    """Automatic choice (fa4.heuristics.tile_family), dense: hd64 takes 256-row tiles up to 1024
+    query rows that 192-row ones pad (and they no more), without a mask or causal; hd128 192-row
+    tiles from 8192 keys on without a mask only; neither for one unpacked decoding row."""
     monkeypatch.delenv("FA4_TILES", raising=False)
     launched = []
     native_fwd = _native.fwd
     monkeypatch.setattr(_native, "fwd", lambda name, *args: (launched.append(name), native_fwd(name, *args))[1])
     q = torch.randn(2, sq, 2, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    check(q, k, v)
+    check(q, k, v, causal=causal)
+    if causal and family == "long":
+        family = "regular"
+    if causal and d == 64 and 1 < sq <= 1024:  # causal: short tiles up to 1024 rows, padded or not
+        family = "short"
     suffix = "" if family == "regular" else f"_{family}seq"
-    assert len(launched) == 1 and launched[0].endswith(f"_none{suffix}"), launched
+    mask = "causal" if causal and sq > 1 else "none"  # one bottom-right causal row sees every key
+    assert len(launched) == 1 and launched[0].endswith(f"_{mask}{suffix}"), launched
 
 
 def test_unsupported_head_dim_names_the_alternatives():

@@ -82,6 +82,18 @@ def test_tile_family(tile_m, built, sq, sk, packed, override, expected):
     assert heuristics.tile_family(sq, sk, packed, tile_m, built, override) == expected
 
 
+@pytest.mark.parametrize("sq, sk, packed, expected", [
+    (1024, 1024, 1, "short"),
+    (768, 768, 1, "short"),     # no padding either way, yet causal: measured +2.3%
+    (197, 197, 1, "short"),
+    (512, 8192, 1, "short"),    # chunked prefill against a long cache
+    (1536, 1536, 1, "regular"),  # beyond SHORT_SEQ_MAX: measured -1%
+    (1024, 1024, 2, "regular"),  # pack-GQA
+])
+def test_tile_family_causal(sq, sk, packed, expected):
+    assert heuristics.tile_family(sq, sk, packed, 192, HD64, None, "causal") == expected
+
+
 def test_tile_fill():
     assert heuristics.tile_fill(1024, 256) == 1.0
     assert heuristics.tile_fill(1024, 192) == pytest.approx(1024 / 1152)
