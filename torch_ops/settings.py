@@ -41,8 +41,8 @@ def split_tail_override() -> bool | None:
 
 def tile_family_override() -> str | None:
     """FA4_TILES=regular/short/long: run that tile family wherever it is built (dense: hd64 "short"
-    without a mask or causal, hd128 "long" without a mask), the regular tiles elsewhere (tuning and test knob; default:
-    fa4.heuristics.tile_family)."""
+    without a mask or causal, hd128 "long" without a mask), the regular tiles elsewhere (tuning
+    and test knob; default: fa4.heuristics.tile_family)."""
     value = os.environ.get("FA4_TILES", "")
     if value and value not in TILE_FAMILIES:
         raise ValueError(f"FA4_TILES must be one of {', '.join(TILE_FAMILIES)}; got {value!r}")

@@ -89,7 +89,8 @@ def compile_variant(name: str, out_dir: Path) -> None:
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
         pv_wait=cfg.pv_wait, rescale_threshold=cfg.rescale_threshold,
-        o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, skip_dead_blocks=cfg.skip_dead_blocks, stamps=env_settings()["diag_stamps"],
+        o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, skip_dead_blocks=cfg.skip_dead_blocks,
+        stamps=env_settings()["diag_stamps"],
     )
 
     def bshd(dim):
