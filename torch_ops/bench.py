@@ -8,7 +8,11 @@ Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads =
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
 when causal.
 Median of CUDA-event-timed runs after warm-up; each provider runs on its own set of
-inputs, rotated between runs so the 50-60 MB L2 does not serve repeats.
+inputs, rotated between runs so the 50-60 MB L2 does not serve repeats. Each case is timed in
+--rounds rounds, the providers in a rotated order each round (inputs allocated once, before the
+first), so what one provider leaves behind (clocks, allocator state) does not always land on
+the same next one; a provider's number is the median of all its samples, and the per-case line
+shows the spread of fa4's round medians.
 """
 from __future__ import annotations
 
@@ -23,7 +27,12 @@ import fa4
 
 
 def time_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> float:
-    """Median over ``iters`` samples of the mean time of ``calls_per_sample`` back-to-back calls.
+    """Median over ``iters`` samples of the mean time of ``calls_per_sample`` back-to-back calls."""
+    return statistics.median(sample_ms(fn, warmup, iters, calls_per_sample))
+
+
+def sample_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> list[float]:
+    """``iters`` samples, each the mean time of ``calls_per_sample`` back-to-back calls.
 
     Calls are queued without synchronising in between, so the CPU runs ahead and a sample
     measures GPU time (as in real training loops), not Python launch overhead. The GPU first
@@ -44,7 +53,34 @@ def time_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls_per_sample)
-    return statistics.median(times)
+    return times
+
+
+def time_providers(fns, make_inputs_for, flops: float, args, where: str) -> dict:
+    """TFLOP/s of each provider on one case: ``args.rounds`` rounds of ``args.iters`` samples,
+    the provider order rotated by one each round, every provider on its own inputs (allocated
+    before the first round). Returns name -> (median over all samples, [median per round]);
+    NaN for a provider that fails on the case."""
+    inputs = {name: make_inputs_for() for name in fns}
+    samples = {name: [] for name in fns}
+    per_round = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(args.rounds):
+        for name in order[r % len(order):] + order[: r % len(order)]:
+            if samples[name] is None:
+                continue
+            fn, ins = fns[name], inputs[name]
+            try:
+                times = sample_ms(lambda i: fn(*ins[i % len(ins)]), args.warmup, args.iters)
+            except Exception as e:  # a peer may not support a shape; say so and go on
+                print(f"  {name} failed at {where}: {type(e).__name__}: {str(e)[:120]}")
+                samples[name] = None
+                continue
+            samples[name] += times
+            per_round[name].append(flops / (statistics.median(times) * 1e-3) / 1e12)
+    del inputs
+    return {name: (flops / (statistics.median(t) * 1e-3) / 1e12, per_round[name]) if t else (float("nan"), [])
+            for name, t in samples.items()}
 
 
 def head_dim_pair(text: str) -> tuple[int, int]:
@@ -203,7 +239,9 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=15, help="timed samples per provider and round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per case, providers in a rotated order each round")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
@@ -229,7 +267,8 @@ def main(argv=None):
         per_call = ", ".join(f"{host_overhead_us(c, hd, hdv):.0f} us ({'causal' if c else 'no mask'})" for c in causals)
         print(f"host time per fa4.attention call (hd{head_dim_label(hd, hdv)}): {per_call}")
     print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, {args.layout} storage; "
-          f"TFLOP/s (median of {args.iters} samples of 5 back-to-back calls)")
+          f"TFLOP/s (median of {args.rounds} x {args.iters} samples of 5 back-to-back calls, "
+          f"providers rotated between rounds)")
     if args.fa3_lib:
         from fa4 import bench_fa3
 
@@ -243,25 +282,20 @@ def main(argv=None):
             for seqlen in args.seqlens:
                 batch = max(1, args.tokens // seqlen)
                 flops = attention_flops(batch, heads, seqlen, head_dim, head_dim_v, causal)
-                result = {}
                 wanted = (set(args.providers.split(",")) | ({"Flex"} if args.flex else set())
                           | ({"FA3"} if args.fa3_lib else set()))
-                for name, fn in providers(causal, args.flex, bool(args.fa3_lib)).items():
-                    if name not in wanted:
-                        continue
-                    inputs = make_inputs(batch, seqlen, heads, head_dim, dtype, 3, args.layout, head_dim_v)
-                    try:
-                        ms = time_ms(lambda i: fn(*inputs[i % len(inputs)]), args.warmup, args.iters)
-                        result[name] = flops / (ms * 1e-3) / 1e12
-                    except Exception as e:  # a peer may not support a shape; say so and go on
-                        print(f"  {name} failed at hd={label} s={seqlen}: {type(e).__name__}: {str(e)[:120]}")
-                        result[name] = float("nan")
-                    del inputs
+                fns = {name: fn for name, fn in providers(causal, args.flex, bool(args.fa3_lib)).items()
+                       if name in wanted}
+                result = time_providers(fns, make_inputs_for=lambda: make_inputs(
+                    batch, seqlen, heads, head_dim, dtype, 3, args.layout, head_dim_v),
+                    flops=flops, args=args, where=f"hd={label} s={seqlen}")
                 names = list(result)
-                rows.append((label, seqlen, causal, result))
-                cells = "  ".join(f"{n} {result[n]:6.1f}" for n in names)
-                ratio = result["fa4"] / result["cuDNN"] if {"fa4", "cuDNN"} <= set(result) else float("nan")
-                print(f"hd={label:>3s} seqlen={seqlen:5d} causal={int(causal)}  {cells}  fa4/cuDNN {ratio:.3f}",
+                rows.append((label, seqlen, causal, {n: r[0] for n, r in result.items()}))
+                cells = "  ".join(f"{n} {r[0]:6.1f}" for n, r in result.items())
+                ratio = result["fa4"][0] / result["cuDNN"][0] if {"fa4", "cuDNN"} <= set(result) else float("nan")
+                spread = (f"  (fa4 rounds {min(result['fa4'][1]):.0f}-{max(result['fa4'][1]):.0f})"
+                          if "fa4" in result and args.rounds > 1 else "")
+                print(f"hd={label:>3s} seqlen={seqlen:5d} causal={int(causal)}  {cells}  fa4/cuDNN {ratio:.3f}{spread}",
                       flush=True)
     if args.varlen_docs:
         bench_varlen(args, dtype)

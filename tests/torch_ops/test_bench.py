@@ -20,3 +20,33 @@ def test_attention_flops_count_both_gemms_and_halve_for_causal():
     assert attention_flops(2, 3, 5, 64, 64, causal=False) == 4 * 2 * 3 * 5 * 5 * 64  # FA's 4*b*h*s^2*d
     assert attention_flops(1, 1, 4, 192, 128, causal=False) == 2 * 16 * (192 + 128)
     assert attention_flops(1, 1, 4, 192, 128, causal=True) == 16 * (192 + 128)
+
+
+def test_providers_rotate_between_rounds_and_failures_are_reported(monkeypatch, capsys):
+    """Each round starts one provider later, so no provider always follows the same one; a
+    provider that raises is reported once and gives NaN, the others are still timed."""
+    import math
+    import types
+
+    import fa4.bench as bench
+
+    calls = []
+
+    def fake_sample_ms(fn, warmup, iters, calls_per_sample=5):
+        fn(0)
+        return [1.0 + len(calls) % 2] * iters
+
+    def provider(name, fail=False):
+        def fn(*inputs):
+            calls.append(name)
+            if fail:
+                raise RuntimeError("unsupported shape")
+        return fn
+
+    monkeypatch.setattr(bench, "sample_ms", fake_sample_ms)
+    args = types.SimpleNamespace(rounds=3, iters=4, warmup=1)
+    fns = {"fa4": provider("fa4"), "cuDNN": provider("cuDNN"), "FA2": provider("FA2", fail=True)}
+    result = bench.time_providers(fns, lambda: [()], flops=2e12, args=args, where="case")
+    assert calls == ["fa4", "cuDNN", "FA2", "cuDNN", "fa4", "fa4", "cuDNN"]
+    assert len(result["fa4"][1]) == 3 and math.isnan(result["FA2"][0])
+    assert capsys.readouterr().out.count("FA2 failed at case") == 1
