@@ -60,6 +60,14 @@ class FwdConfig:
     # two warpgroups with dv <= 128, whose period is each warpgroup's own issue + softmax chain:
     # hd128 1k 512 -> 507-508, 4k 689-692 -> 685-687.
     skip_dead_blocks: bool = False
+    # The consumers release Q in the tile's last K/V step, once its Q @ K^T has completed,
+    # instead of after the K/V loop: the next tile's Q then loads under that step's softmax and
+    # the last P @ V. Pays where tiles are short and Q is large next to a step (the "short"
+    # family: 16 steps per tile at 1k, a 32 KB Q); elsewhere it measured neutral to slightly
+    # slower (H200, bf16 16k tokens, two rounds, TFLOP/s): hd64 short no mask 1k 501-503 ->
+    # 507-508, causal 1k 387-390 -> 392; hd128 1k 660-661 -> 661-663, 4k 748-750 -> 742-743;
+    # hd256 1k/4k unchanged.
+    early_q_release: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -108,7 +116,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # 3 or 4 K/V stages the same.
         cfg = FwdConfig(tile_m=256, tile_n=64, num_stages=4, pv_wait="row_max",
                         rescale_threshold=RESCALE_THRESHOLD, split_tail=key.mask == "none",
-                        skip_dead_blocks=key.mask != "none")
+                        skip_dead_blocks=key.mask != "none", early_q_release=True)
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.tiles == "long":
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so

@@ -109,6 +109,7 @@ class FlashAttentionForwardSm90:
         o_in_v: bool = False,
         split_tail: bool = False,
         skip_dead_blocks: bool = False,
+        early_q_release: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -150,6 +151,8 @@ class FlashAttentionForwardSm90:
         # Causal/local: warpgroups sit out the diagonal blocks that hide all their rows' keys
         # (skip_blocks; heuristics.FwdConfig.skip_dead_blocks says where it pays).
         self.skip_dead_blocks = skip_dead_blocks and (is_causal or is_local)
+        # The next tile's Q may load from the last K/V step on (heuristics.FwdConfig).
+        self.early_q_release = early_q_release
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -723,7 +726,7 @@ class FlashAttentionForwardSm90:
             step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
-                rows.first_row, mask_right, mask_left, stamps,
+                rows.first_row, mask_right, mask_left, pipeline_q, q_state, n_block_min, stamps,
             )
             # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
             n_block_max_unmasked = n_block_max - 1
@@ -742,8 +745,13 @@ class FlashAttentionForwardSm90:
                 for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
                     kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
 
-            # Every Q @ K^T of this tile has completed: the producer may load the next Q.
-            pipeline_q.consumer_release(q_state)
+            # Every Q @ K^T of this tile has completed: the producer may load the next Q (with
+            # early_q_release, the last K/V step has said so unless the tile has one block).
+            if const_expr(self.early_q_release):
+                if n_block_max - n_block_min <= 1:
+                    pipeline_q.consumer_release(q_state)
+            else:
+                pipeline_q.consumer_release(q_state)
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 3)
             # Last P @ V. The row sums' quad reduction (shuffles, independent of O) runs under it.
@@ -868,6 +876,9 @@ class FlashAttentionForwardSm90:
         first_row: Int32,
         mask_right: cutlass.Constexpr[bool],
         mask_left: cutlass.Constexpr[bool],
+        pipeline_q: pipeline.PipelineAsync,
+        q_state,
+        n_block_min: Int32,
         stamps=None,
     ):
         """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it."""
@@ -890,6 +901,12 @@ class FlashAttentionForwardSm90:
         stamp(3)
         warpgroup.wait_group(1)
         stamp(4)
+        if const_expr(self.early_q_release):
+            # The tile's last Q @ K^T has completed: the producer may load the next tile's Q
+            # now, under this softmax and the last P @ V, rather than after them. (A predicated
+            # arrive; a branch here would split the pipeline state.)
+            if pipeline_q.is_signaling_thread and n_block == n_block_min:
+                pipeline_q.sync_object_empty.arrive(q_state.index, pipeline_q.consumer_mask)
         if const_expr(self.pv_wait == "row_max"):
             pipeline_k.consumer_release(kv_state)
         row_scale = self.scores_to_probs(
