@@ -78,9 +78,15 @@ def time_providers(fns, make_inputs_for, flops: float, args, where: str) -> dict
                 continue
             samples[name] += times
             per_round[name].append(flops / (statistics.median(times) * 1e-3) / 1e12)
-    del inputs
     return {name: (flops / (statistics.median(t) * 1e-3) / 1e12, per_round[name]) if t else (float("nan"), [])
             for name, t in samples.items()}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
 
 
 def head_dim_pair(text: str) -> tuple[int, int]:
@@ -239,8 +245,8 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    ap.add_argument("--iters", type=int, default=15, help="timed samples per provider and round")
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--iters", type=positive_int, default=15, help="timed samples per provider and round")
+    ap.add_argument("--rounds", type=positive_int, default=3,
                     help="rounds per case, providers in a rotated order each round")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")

@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from fa4.bench import head_dim_label, head_dim_pair
+from fa4.bench import head_dim_label, head_dim_pair, positive_int
 
 
 def test_head_dims_are_d_or_d_by_dv():
@@ -13,6 +13,13 @@ def test_head_dims_are_d_or_d_by_dv():
     for bad in ("0", "192x128x64", "x", "128x0"):
         with pytest.raises((argparse.ArgumentTypeError, ValueError)):
             head_dim_pair(bad)
+
+
+def test_rounds_and_iters_are_positive():
+    assert positive_int("3") == 3
+    for bad in ("0", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_int(bad)
 
 
 def test_attention_flops_count_both_gemms_and_halve_for_causal():
