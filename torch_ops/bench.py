@@ -82,6 +82,12 @@ def time_providers(fns, make_inputs_for, flops: float, args, where: str) -> dict
             for name, t in samples.items()}
 
 
+def round_spread(per_round: list[float]) -> str:
+    """"  (fa4 rounds LO-HI)" for the per-case line; empty with fewer than two timed rounds (one
+    round, or fa4 failing on the case)."""
+    return f"  (fa4 rounds {min(per_round):.0f}-{max(per_round):.0f})" if len(per_round) > 1 else ""
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -299,8 +305,7 @@ def main(argv=None):
                 rows.append((label, seqlen, causal, {n: r[0] for n, r in result.items()}))
                 cells = "  ".join(f"{n} {r[0]:6.1f}" for n, r in result.items())
                 ratio = result["fa4"][0] / result["cuDNN"][0] if {"fa4", "cuDNN"} <= set(result) else float("nan")
-                spread = (f"  (fa4 rounds {min(result['fa4'][1]):.0f}-{max(result['fa4'][1]):.0f})"
-                          if "fa4" in result and args.rounds > 1 else "")
+                spread = round_spread(result["fa4"][1] if "fa4" in result else [])
                 print(f"hd={label:>3s} seqlen={seqlen:5d} causal={int(causal)}  {cells}  fa4/cuDNN {ratio:.3f}{spread}",
                       flush=True)
     if args.varlen_docs:

@@ -15,6 +15,12 @@ def test_head_dims_are_d_or_d_by_dv():
             head_dim_pair(bad)
 
 
+def test_round_spread_needs_two_timed_rounds():
+    from fa4.bench import round_spread
+    assert round_spread([501.2, 507.9, 503.0]) == "  (fa4 rounds 501-508)"
+    assert round_spread([501.2]) == "" and round_spread([]) == ""  # one round, or fa4 failed
+
+
 def test_rounds_and_iters_are_positive():
     assert positive_int("3") == 3
     for bad in ("0", "-1"):
