@@ -72,8 +72,10 @@ def main():
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--tiles", default="regular", help="tile family of the variant the seqlens run (FA4_TILES)")
     args = p.parse_args()
     os.environ["FA4_SPLIT_TAIL"] = "0"  # a split would use the partials buffer the stamps go to
+    os.environ["FA4_TILES"] = args.tiles
     d = args.head_dim
     heads = 2048 // d
     buf = torch.zeros(max(st.buffer_words(), 1 << 16), dtype=torch.int32, device="cuda")
@@ -81,7 +83,7 @@ def main():
     # The tile shape the build chose (variants.json), for the dense no-mask bf16 variant timed.
     variant = next(v for v in fa4._native.manifest()["variants"]
                    if (v["head_dim"], v["head_dim_v"], v["dtype"], v["mask"], v["softcap"], v["varlen"])
-                   == (d, d, "bf16", "none", False, False))
+                   == (d, d, "bf16", "none", False, False) and v["tiles"] == args.tiles)
     tile_m, tile_n = variant["tile_m"], variant["tile_n"]
     num_wg = tile_m // 64
     for seqlen in args.seqlens:

@@ -31,7 +31,8 @@ STEP_POINTS = 6
 # converted, sO free (barrier), O in sO, LSE stored, O store issued, tile done.
 TILE_POINTS = 12
 TILE_END = 11
-MAX_WG = 3
+# hd64's short tiles run four consumer warpgroups.
+MAX_WG = 4
 
 
 def buffer_words() -> int:

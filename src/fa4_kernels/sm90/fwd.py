@@ -554,12 +554,12 @@ class FlashAttentionForwardSm90:
                     )
                     cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
-            if const_expr(self.o_in_v):
-                # V's buffer holds the previous tile's O until its store has read it (the
-                # consumers say so during this tile's first Q @ K^T, loaded above).
-                if tiles_loaded > 0:
-                    cute.arch.mbarrier_wait(o_free_mbar, (tiles_loaded - 1) % 2)
-                tiles_loaded += 1
+            # V's buffer holds the previous tile's O until its store has read it (the consumers
+            # say so during this tile's first Q @ K^T). Only V's loads wait for that, not the
+            # tile's second K, which the consumers need first.
+            o_wait = tiles_loaded > 0
+            o_phase = (tiles_loaded - 1) % 2
+            tiles_loaded += 1
             # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
             # issue order (Q @ K^T of j-1 together with P @ V of j).
             for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
@@ -569,9 +569,15 @@ class FlashAttentionForwardSm90:
                 pipeline_k.producer_acquire(kv_state)
                 cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                if const_expr(self.o_in_v):
+                    if i == 0 and o_wait:
+                        cute.arch.mbarrier_wait(o_free_mbar, o_phase)
                 pipeline_v.producer_acquire(v_state)
                 cute.copy(tma_atom_V, tVgV[None, n_block + 1], tVsV[None, v_state.index],
                           tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
+            if const_expr(self.o_in_v):
+                if n_block_max - 1 - n_block_min <= 0 and o_wait:
+                    cute.arch.mbarrier_wait(o_free_mbar, o_phase)
             pipeline_v.producer_acquire(kv_state)
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
@@ -668,8 +674,9 @@ class FlashAttentionForwardSm90:
                 n_block_max -= skipped
                 kv_state = self.skip_blocks(kv_state, skipped, pipeline_k)
                 if const_expr(self.o_in_v):
-                    # The producer loads this tile's second K only once the previous O store
-                    # has read V's buffer: a warpgroup that starts on that K says so first.
+                    # The producer loads this tile's first V (and every K after the second)
+                    # only once the previous O store has read V's buffer: a warpgroup that
+                    # starts on a later K says so first.
                     if skipped > 0 and handoffs_o > 0:
                         self.release_o_buffer(o_free_mbar)
             if const_expr(self.stamps):
