@@ -554,12 +554,6 @@ class FlashAttentionForwardSm90:
                     )
                     cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
-            # V's buffer holds the previous tile's O until its store has read it (the consumers
-            # say so during this tile's first Q @ K^T). Only V's loads wait for that, not the
-            # tile's second K, which the consumers need first.
-            o_wait = tiles_loaded > 0
-            o_phase = (tiles_loaded - 1) % 2
-            tiles_loaded += 1
             # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
             # issue order (Q @ K^T of j-1 together with P @ V of j).
             for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
@@ -569,19 +563,16 @@ class FlashAttentionForwardSm90:
                 pipeline_k.producer_acquire(kv_state)
                 cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-                if const_expr(self.o_in_v):
-                    if i == 0 and o_wait:
-                        cute.arch.mbarrier_wait(o_free_mbar, o_phase)
+                self.wait_o_stored(o_free_mbar, i == 0, tiles_loaded)
                 pipeline_v.producer_acquire(v_state)
                 cute.copy(tma_atom_V, tVgV[None, n_block + 1], tVsV[None, v_state.index],
                           tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
-            if const_expr(self.o_in_v):
-                if n_block_max - 1 - n_block_min <= 0 and o_wait:
-                    cute.arch.mbarrier_wait(o_free_mbar, o_phase)
+            self.wait_o_stored(o_free_mbar, n_block_max - 1 - n_block_min <= 0, tiles_loaded)
             pipeline_v.producer_acquire(kv_state)
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
+            tiles_loaded += 1
             if const_expr(self.dynamic_schedule):
                 cursor = claim_next_tile(mSemaphores.iterator)
                 handoff_publish(tile_slots, tile_mbar, handoffs, cursor)
@@ -589,6 +580,15 @@ class FlashAttentionForwardSm90:
             else:
                 cursor += 1
             m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
+
+    @cute.jit
+    def wait_o_stored(self, o_free_mbar: cute.Pointer, first_v, tiles_loaded: Int32):
+        """O in V's buffer: before a tile's first V load (``first_v``), wait until the previous
+        tile's O store has read V's buffer (the consumers say so during this tile's first
+        Q @ K^T). Only V's loads wait, not the tile's second K, which the consumers need first."""
+        if const_expr(self.o_in_v):
+            if first_v and tiles_loaded > 0:
+                cute.arch.mbarrier_wait(o_free_mbar, (tiles_loaded - 1) % 2)
 
     @cute.jit
     def consume(
