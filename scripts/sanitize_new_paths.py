@@ -4,7 +4,8 @@ tiles, causal too), warpgroups sitting out diagonal blocks (hd64, and hd256 with
 tiles per CTA: 256 tiles below), pack-GQA (dense and varlen), dynamic scheduling with the
 mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
 shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer),
-split tails (partials written and merged across CTAs, flags reset; FA4_SPLIT_TAIL=1 below).
+split tails (partials written and merged across CTAs, flags reset; FA4_SPLIT_TAIL=1 below),
+LSE rows stored by bulk copy from shared memory (masked variants, rows aligned: seqlen 1000).
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_new_paths.py
 """

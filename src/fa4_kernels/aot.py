@@ -90,7 +90,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
         pv_wait=cfg.pv_wait, rescale_threshold=cfg.rescale_threshold,
         o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, skip_dead_blocks=cfg.skip_dead_blocks,
-        early_q_release=cfg.early_q_release,
+        early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         stamps=env_settings()["diag_stamps"],
     )
 

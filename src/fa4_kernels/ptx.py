@@ -4,7 +4,7 @@ The helpers are register computations the compilers cannot look inside and re-fo
 callers for why that matters). Pure ones may still be moved or dropped; ``loop_bound_zero`` is
 volatile on purpose, so it stays where it is written.
 """
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -54,3 +54,20 @@ def trap(*, loc=None, ip=None) -> None:
     """Abort the kernel (the launch then fails with an error instead of hanging)."""
     llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def bulk_store_s2g(dst_global, src_shared, num_bytes, *, loc=None, ip=None) -> None:
+    """One bulk (non-tensor) copy of ``num_bytes`` from shared to global memory, in the issuing
+    thread's current bulk async-group (commit and wait as for TMA stores). Both addresses 16-byte
+    aligned, ``num_bytes`` a multiple of 16."""
+    llvm.inline_asm(
+        None,
+        [Int64(dst_global).ir_value(loc=loc, ip=ip), Int32(src_shared).ir_value(loc=loc, ip=ip),
+         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+        "l,r,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )

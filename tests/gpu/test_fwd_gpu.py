@@ -205,6 +205,18 @@ def test_custom_scale():
     check(q, k, v, causal=True, scale=0.3)
 
 
+@pytest.mark.parametrize("seqlen_q", [1024, 1026])
+def test_lse_bulk_and_row_stores(dims, seqlen_q):
+    """A warpgroup's LSE rows go out in one bulk copy when they all lie in the sequence and start
+    16-byte aligned in the LSE tensor (1024 rows: every head), row by row otherwise (1026: every
+    other head starts 8 bytes off, and the last tile is partial)."""
+    d, dv = dims
+    q = torch.randn(2, seqlen_q, 3, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 700, 3, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 700, 3, dv, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v)
+
+
 def test_rows_without_keys_are_zero_with_minus_inf_lse():
     q = torch.randn(1, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 40, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))

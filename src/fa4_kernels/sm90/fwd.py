@@ -50,7 +50,7 @@ from fa4_kernels.hopper_mma import (
 )
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
-from fa4_kernels.ptx import loop_bound_zero
+from fa4_kernels.ptx import bulk_store_s2g, loop_bound_zero
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
@@ -110,6 +110,7 @@ class FlashAttentionForwardSm90:
         split_tail: bool = False,
         skip_dead_blocks: bool = False,
         early_q_release: bool = False,
+        lse_bulk_store: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -153,6 +154,8 @@ class FlashAttentionForwardSm90:
         self.skip_dead_blocks = skip_dead_blocks and (is_causal or is_local)
         # The next tile's Q may load from the last K/V step on (heuristics.FwdConfig).
         self.early_q_release = early_q_release
+        # LSE rows out of shared memory in one bulk copy per warpgroup (heuristics.FwdConfig).
+        self.lse_bulk_store = lse_bulk_store
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -307,6 +310,7 @@ class FlashAttentionForwardSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m if self.lse_bulk_store else 0], 128]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * HANDOFF_SLOTS]
             next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS]
 
@@ -433,6 +437,7 @@ class FlashAttentionForwardSm90:
         else:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
             sO_parts = sO
+        sLSE = storage.sLSE.get_tensor(cute.make_layout(self.tile_m)) if const_expr(self.lse_bulk_store) else None
 
         block_info = BlockInfo(
             block_rows(self.tile_m, pack_gqa), self.tile_n, self.is_causal, self.is_local,
@@ -462,7 +467,7 @@ class FlashAttentionForwardSm90:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
             self.consume(
-                mO, tma_O, mLSE, sQ, sK, sV, sO, sO_parts, tma_atom_O,
+                mO, tma_O, mLSE, sQ, sK, sV, sO, sO_parts, sLSE, tma_atom_O,
                 pipeline_q, pipeline_k, pipeline_v,
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
@@ -601,6 +606,7 @@ class FlashAttentionForwardSm90:
         sV: cute.Tensor,
         sO: cute.Tensor,
         sO_parts: cute.Tensor,
+        sLSE: cute.Tensor,
         tma_atom_O: cute.CopyAtom,
         pipeline_q: pipeline.PipelineAsync,
         pipeline_k: pipeline.PipelineAsync,
@@ -797,10 +803,10 @@ class FlashAttentionForwardSm90:
                         merged = softmax.row_totals()
                         for r in cutlass.range_constexpr(cute.size(totals)):
                             totals[r] = merged[r]
-                    self.finish_tile(acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv,
-                                     tidx, batch_idx, seq, rows, o_free_mbar, tile_stamp)
+                    self.finish_tile(acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O,
+                                     tiled_mma_pv, tidx, batch_idx, seq, rows, o_free_mbar, tile_stamp)
             else:
-                self.finish_tile(acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv,
+                self.finish_tile(acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O, tiled_mma_pv,
                                  tidx, batch_idx, seq, rows, o_free_mbar, tile_stamp)
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, TILE_END)
@@ -817,14 +823,14 @@ class FlashAttentionForwardSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def finish_tile(self, acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+    def finish_tile(self, acc_O, softmax, totals, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O, tiled_mma_pv, tidx,
                     batch_idx, seq, rows, o_free_mbar, tile_stamp=None):
         """Normalise O by the row sums (``totals``: softmax.row_totals()) and store O and LSE."""
         row_scale = softmax.finalize(totals)
         softmax.rescale(acc_O, row_scale, final=True)
         if const_expr(self.stamps):
             tile_stamp(5)
-        self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, tma_atom_O, tiled_mma_pv, tidx,
+        self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O, tiled_mma_pv, tidx,
                       batch_idx, seq, rows, o_free_mbar, tile_stamp)
 
     @cute.jit
@@ -1029,6 +1035,7 @@ class FlashAttentionForwardSm90:
         mLSE: cute.Tensor,
         sO: cute.Tensor,
         sO_parts: cute.Tensor,
+        sLSE: cute.Tensor,
         tma_atom_O: cute.CopyAtom,
         tiled_mma_pv: cute.TiledMma,
         tidx: Int32,
@@ -1076,19 +1083,6 @@ class FlashAttentionForwardSm90:
         cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO_here))
         stamp(8)
 
-        # LSE straight from registers: the thread holding column 0 of a row writes it.
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
-        if tOcO[0][1] == 0:
-            for r in cutlass.range_constexpr(cute.size(lse)):
-                row = rows.row(tOcO[r, 0][0])
-                if row >= 0 and row < seq.seqlen_q:
-                    if const_expr(self.is_varlen):
-                        mLSE[seq.offset_q + row, rows.head(tOcO[r, 0][0]), 0] = lse[r]
-                    else:
-                        mLSE[row, rows.head(tOcO[r, 0][0]), batch_idx] = lse[r]
-        stamp(9)
-
         # One TMA store when the rows all belong to this tile's head and sequence; row by row
         # otherwise (pack-GQA, rows above a shifted sequence's start, or rows past a packed
         # sequence's end, where a TMA store would overwrite the next sequence's rows). Rows
@@ -1097,6 +1091,30 @@ class FlashAttentionForwardSm90:
         whole = rows.pack_log2 == 0 and start >= 0
         if const_expr(self.is_varlen):
             whole = whole and start + store_rows <= seq.seqlen_q
+
+        # LSE: the thread holding column 0 of a row stores it. These rows' values are contiguous
+        # in mLSE: with lse_bulk_store, when the rows all lie in the sequence and start 16 bytes
+        # aligned, those threads put them in sLSE and the storing warp copies them out in one
+        # bulk copy beside O's store, instead of each thread storing its rows itself.
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+        if const_expr(self.lse_bulk_store):
+            if const_expr(self.is_varlen):
+                lse_first = mLSE.iterator + cute.crd2idx((seq.offset_q + start, rows.head_idx, 0), mLSE.layout)
+            else:
+                lse_first = mLSE.iterator + cute.crd2idx((start, rows.head_idx, batch_idx), mLSE.layout)
+            lse_bulk = whole and start + store_rows <= seq.seqlen_q and (lse_first.toint() & 15) == 0
+            if tOcO[0][1] == 0:
+                if lse_bulk:
+                    for r in cutlass.range_constexpr(cute.size(lse)):
+                        sLSE[tOcO[r, 0][0]] = lse[r]
+                else:
+                    self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
+        else:
+            if tOcO[0][1] == 0:
+                self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
+        stamp(9)
+
         if start + store_rows > 0:
             if whole:
                 # Make the stmatrix writes visible to the TMA engine, then one warp stores the rows;
@@ -1115,6 +1133,9 @@ class FlashAttentionForwardSm90:
                         cute.group_modes(gO, 0, 2),
                     )
                     cute.copy(tma_atom_O, tOsO, tOgO)
+                    if const_expr(self.lse_bulk_store):
+                        if lse_bulk and cute.arch.lane_idx() == 0:
+                            bulk_store_s2g(lse_first.toint(), (sLSE.iterator + first_row).toint(), store_rows * 4)
                     cute.arch.cp_async_bulk_commit_group()
             else:
                 cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
@@ -1128,6 +1149,19 @@ class FlashAttentionForwardSm90:
             if not whole or start + store_rows <= 0:
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
+
+    @cute.jit
+    def store_lse_rows(self, lse: cute.Tensor, tOcO: cute.Tensor, mLSE: cute.Tensor, batch_idx: Int32,
+                       seq: SeqlenInfo, rows: TileRows):
+        """The calling thread's LSE values (its accumulator rows, ``tOcO``) to global memory, one
+        store per row of the sequence."""
+        for r in cutlass.range_constexpr(cute.size(lse)):
+            row = rows.row(tOcO[r, 0][0])
+            if row >= 0 and row < seq.seqlen_q:
+                if const_expr(self.is_varlen):
+                    mLSE[seq.offset_q + row, rows.head(tOcO[r, 0][0]), 0] = lse[r]
+                else:
+                    mLSE[row, rows.head(tOcO[r, 0][0]), batch_idx] = lse[r]
 
     @cute.jit
     def release_o_buffer(self, o_free_mbar: cute.Pointer):
