@@ -205,16 +205,18 @@ def test_custom_scale():
     check(q, k, v, causal=True, scale=0.3)
 
 
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(window=(300, 40)), dict()])
 @pytest.mark.parametrize("seqlen_q", [1024, 1026])
-def test_lse_bulk_and_row_stores(dims, seqlen_q):
-    """A warpgroup's LSE rows go out in one bulk copy when they all lie in the sequence and start
-    16-byte aligned in the LSE tensor (1024 rows: every head), row by row otherwise (1026: every
-    other head starts 8 bytes off, and the last tile is partial)."""
+def test_lse_bulk_and_row_stores(dims, seqlen_q, mask):
+    """Masked variants store a warpgroup's LSE rows with one bulk copy when they all lie in the
+    sequence and start 16-byte aligned in the LSE tensor (1024 rows: every tile of every head),
+    row by row otherwise (1026: tiles start 126 rows above row 0, so the first is partly above
+    it and the others 8 bytes off); unmasked ones always row by row."""
     d, dv = dims
     q = torch.randn(2, seqlen_q, 3, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(2, 700, 3, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(2, 700, 3, dv, device="cuda", dtype=torch.bfloat16)
-    check(q, k, v)
+    k = torch.randn(2, 1100, 3, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 1100, 3, dv, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v, **mask)
 
 
 def test_rows_without_keys_are_zero_with_minus_inf_lse():
