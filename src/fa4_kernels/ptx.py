@@ -1,6 +1,7 @@
-"""Inline PTX, for the few places where the DSL's generated code schedules badly.
+"""Inline PTX, for the few places where the DSL's generated code schedules badly, and for the
+one instruction it has no op for (``bulk_store_s2g``, a non-tensor bulk copy).
 
-The helpers are register computations the compilers cannot look inside and re-fold (see the
+The register helpers are computations the compilers cannot look inside and re-fold (see the
 callers for why that matters). Pure ones may still be moved or dropped; ``loop_bound_zero`` is
 volatile on purpose, so it stays where it is written.
 """
