@@ -577,7 +577,8 @@ class FlashAttentionForwardSm90:
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
-            tiles_loaded += 1
+            if const_expr(self.o_in_v):
+                tiles_loaded += 1
             if const_expr(self.dynamic_schedule):
                 cursor = claim_next_tile(mSemaphores.iterator)
                 handoff_publish(tile_slots, tile_mbar, handoffs, cursor)
