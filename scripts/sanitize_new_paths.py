@@ -5,7 +5,8 @@ tiles per CTA: 256 tiles below), pack-GQA (dense and varlen), dynamic scheduling
 mbarrier tile hand-off cycling through its slots, per-warpgroup epilogues, causal tiles
 shifted above row 0 (dense, varlen, and the whole-tile epilogue of hd256, O in V's buffer),
 split tails (partials written and merged across CTAs, flags reset; FA4_SPLIT_TAIL=1 below),
-LSE rows stored by bulk copy from shared memory (masked variants, rows aligned: seqlen 1000).
+LSE rows stored by bulk copy from shared memory (masked variants, rows aligned: seqlen 1000),
+K/V steps whose guessed row max fails and is redone (speculative_max).
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_new_paths.py
 """
@@ -80,5 +81,15 @@ fa4.attention(q, k, v)
 q = torch.randn(2, 1, 32, 128, device=dev, dtype=bf16)
 k, v = (torch.randn(2, 4000, 8, 128, device=dev, dtype=bf16) for _ in range(2))
 fa4.attention(q, k, v, causal=True)
+# Guessed row maxima that fail (speculative_max): scores rising by ~1.6 powers of two per key
+# towards key 0, visited last, so every K/V step after a tile's first redoes its block
+# (hd128 regular, hd64's 192-row tiles, hd256).
+for d in (128, 64, 256):
+    q = torch.randn(1, 500, 4, d, device=dev)
+    q[..., 0] = 5.0
+    k = torch.randn(1, 700, 4, d, device=dev)
+    k[..., 0] = 2.5 * (d / 128) ** 0.5 * torch.arange(700, 0, -1, device=dev, dtype=torch.float32)[None, :, None]
+    v = torch.randn(1, 700, 4, d, device=dev)
+    fa4.attention(q.to(bf16), k.to(bf16), v.to(bf16))
 torch.cuda.synchronize()
 print("done")

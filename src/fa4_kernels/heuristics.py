@@ -79,6 +79,11 @@ class FwdConfig:
     # hd128 1k 515.6-515.8 -> 519.5-519.9, 2k 623 -> 629, 4k 695 -> 699, hd256 +0.1%; the
     # variants without a mask, unchanged, within 0.3%.
     lse_bulk_store: bool = False
+    # With a rescale threshold: K/V steps after a tile's first take their exponentials against
+    # the running max without computing the block's row max first, and check afterwards (a
+    # thread's block sum per row at most 2^threshold) that no max rose past the threshold; a
+    # warp where one did redoes the block the exact way (OnlineSoftmax.speculative_step).
+    speculative_max: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -99,6 +104,18 @@ def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
         if o_fits and placed.smem_bytes(head_dim, head_dim_v) <= SMEM_LIMIT_SM90:
             return placed
     raise ValueError(f"no buffer placement of {cfg} fits shared memory")
+
+
+def speculative_max_fits(key: VariantKey, tile_m: int) -> bool:
+    """Whether the consumers hold a K/V step's scores beside its probabilities without spilling
+    (FwdConfig.speculative_max; read off the SASS of every variant). Three consumer warpgroups
+    get 160 registers: only hd64's plain dense kernel fits (192 x 128); its masked, varlen and
+    soft-capped ones spilled 3-15 registers in the K/V loop, hd128's long tiles (192 x 80) 4
+    outside it (2 tile-invariant addresses; +7% at 16k all the same, docs/perf_notes.md).
+    Soft-capping with head_dim 192/256 spilled 8-32 registers (hd192 dense and local)."""
+    if tile_m > 128:
+        return key.mask == "none" and not key.softcap and not key.varlen and key.head_dim <= 64
+    return not (key.softcap and key.head_dim > 128)
 
 
 def fwd_config(key: VariantKey) -> FwdConfig:
@@ -129,7 +146,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         cfg = FwdConfig(tile_m=256, tile_n=64, num_stages=4, pv_wait="row_max",
                         rescale_threshold=RESCALE_THRESHOLD, split_tail=key.mask == "none",
                         skip_dead_blocks=key.mask != "none", early_q_release=True,
-                        lse_bulk_store=key.mask != "none")
+                        lse_bulk_store=key.mask != "none", speculative_max=True)  # no spills (4 x 112 registers)
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.tiles == "long":
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so
@@ -137,7 +154,8 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # 128x128 -> 192x80): non-causal 1k 661-662 -> 615-616, 4k 763 -> 752, 8k 772-773 ->
         # 777-781, 16k 706-724 -> 743-747; causal within +-1% from 4k on, 1k -6%.
         assert key.head_dim == 128, "long-sequence tiles are tuned for hd128"
-        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
+        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True,
+                        speculative_max=speculative_max_fits(key, 192))
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
@@ -167,7 +185,13 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         cfg = FwdConfig(tile_m=128, tile_n=64, num_stages=2, pv_wait="softmax")
     else:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
-    if key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
+    if speculative_max_fits(key, cfg.tile_m):
+        # The guessed row max needs the threshold (it is what keeps a max); with it, the P @ V
+        # wait goes after the first exponentials for every head dim: "softmax" kept all of a
+        # block's probabilities live beside its scores and spilled hd192/hd256.
+        cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD, speculative_max=True,
+                      pv_wait="first_exps" if cfg.pv_wait == "softmax" else cfg.pv_wait)
+    elif key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
     cfg = replace(cfg, split_tail=key.mask == "none" and not key.varlen,
                   skip_dead_blocks=key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128),

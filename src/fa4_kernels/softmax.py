@@ -96,6 +96,53 @@ class OnlineSoftmax:
             acc_mn[r, None].store(p)
         return row_scale
 
+    def local_view(self) -> "OnlineSoftmax":
+        """The same state through new tensor objects over the same registers."""
+        return OnlineSoftmax(
+            self.scale_log2,
+            cute.make_tensor(self.row_max.iterator, self.row_max.layout),
+            cute.make_tensor(self.row_sum.iterator, self.row_sum.layout),
+            self.rescale_threshold,
+        )
+
+    @cute.jit
+    def speculative_step(self, acc_S: cute.Tensor, probs: cute.Tensor) -> cute.Tensor:
+        """Probabilities of a block after the first against the running max, with no row max:
+        the max's reduction (FMNMX chains and quad shuffles) otherwise stands between the
+        Q @ K^T wait and the first exponential of every K/V step. ``probs`` (shaped like
+        acc_S) receives them and acc_S keeps the scores, for ``step`` to redo the block where
+        the guess fails. Returns this thread's per-row sums of the block (``holds`` checks
+        them; ``accept`` adds them to the row sums).
+
+        The guess holds where ``step`` would keep the running max, i.e. where no score rose
+        more than ``rescale_threshold`` powers of two above it: then no probability exceeds
+        2^threshold, which a thread's block sum of at most 2^threshold implies. A row with no
+        max yet (-inf) gives +inf or NaN exponentials and fails the check."""
+        s_mn = rows_cols_view(acc_S)
+        p_mn = rows_cols_view(probs)
+        block_sum = cute.make_rmem_tensor_like(self.row_sum, Float32)
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            p = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - self.row_max[r] * self.scale_log2,
+                               fastmath=True)
+            block_sum[r] = p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            p_mn[r, None].store(p)
+        return block_sum
+
+    @cute.jit
+    def holds(self, block_sum: cute.Tensor):
+        """Whether ``speculative_step``'s guess holds for every row of this warp (warp-uniform,
+        so the quad shuffles of a redo see all four threads of each row). NaN compares false."""
+        bound = Float32(2.0 ** self.rescale_threshold)
+        ok = block_sum[0] <= bound
+        for r in cutlass.range_constexpr(1, cute.size(block_sum)):
+            ok = ok and block_sum[r] <= bound
+        return cute.arch.vote_all_sync(ok)
+
+    @cute.jit
+    def accept(self, block_sum: cute.Tensor):
+        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
+            self.row_sum[r] = self.row_sum[r] + block_sum[r]
+
     @cute.jit
     def row_totals(self) -> cute.Tensor:
         """Row sums reduced over the quad (the thread-local ``row_sum`` is left as it is)."""
@@ -119,12 +166,13 @@ class OnlineSoftmax:
         return row_scale
 
     @cute.jit
-    def rescale(self, acc_O: cute.Tensor, row_scale: cute.Tensor, final: cutlass.Constexpr[bool] = False):
+    def rescale(self, acc_O: cute.Tensor, row_scale: cute.Tensor, always: cutlass.Constexpr[bool] = False):
         """O *= row_scale per row. With a rescale threshold, the running rescale is skipped by
         whole warps when none of their rows moved its max (the common case after the first
-        blocks): the FMULs over O are a large share of the loop's instructions."""
+        blocks): the FMULs over O are a large share of the loop's instructions. ``always``:
+        no such test (the final normalisation, or a block known to have moved a max)."""
         acc_mn = rows_cols_view(acc_O)
-        if const_expr(final or self.rescale_threshold == 0.0):
+        if const_expr(always or self.rescale_threshold == 0.0):
             for r in cutlass.range_constexpr(cute.size(row_scale)):
                 acc_mn[r, None].store(acc_mn[r, None].load() * row_scale[r])
         else:

@@ -70,15 +70,37 @@ def test_dead_blocks_are_skipped_where_warpgroups_contend():
     assert on == {(64, 64), (192, 192), (256, 256)}
 
 
-def test_rescale_threshold_only_where_o_rescale_is_costly():
-    # hd64's O is 32 registers per thread: skipping its rescale measured 0 to -2%; from hd96 on
-    # it is 48-128 registers and the threshold pays (docs/perf_notes.md).
+def test_rescale_threshold_where_o_rescale_is_costly_or_the_max_is_guessed():
+    # hd64's O is 32 registers per thread: skipping its rescale alone measured 0 to -2%; from
+    # hd96 on it is 48-128 registers and the threshold pays (docs/perf_notes.md). The guessed
+    # row max (speculative_max) needs it whatever the head dim.
     for key in catalog.all_variants():
         cfg = heuristics.fwd_config(key)
         # hd64's short-sequence tiles rescale O every 64 columns: there it pays (+3%)
-        expected = 0.0 if key.head_dim <= 64 and key.tiles != "short" else heuristics.RESCALE_THRESHOLD
+        costly = key.head_dim > 64 or key.tiles == "short"
+        expected = heuristics.RESCALE_THRESHOLD if costly or cfg.speculative_max else 0.0
         assert cfg.rescale_threshold == expected, key.name
     assert 0.0 < heuristics.RESCALE_THRESHOLD <= 16.0  # probabilities up to 2^threshold: bf16/fp16-safe
+
+
+def test_speculative_max_wherever_the_scores_fit_beside_the_probabilities():
+    # Measured +2-12% where on (docs/perf_notes.md); off only where the consumers spilled.
+    variants = catalog.all_variants()
+    for key in variants:
+        cfg = heuristics.fwd_config(key)
+        three_wg = cfg.tile_m == 192
+        if three_wg:
+            expected = key.mask == "none" and not key.softcap and not key.varlen and key.head_dim == 64
+        else:
+            expected = not (key.softcap and key.head_dim > 128)
+        assert cfg.speculative_max == expected, key.name
+        if cfg.speculative_max:
+            # the guess holds where a row keeps its max, which only the threshold makes the rule;
+            # and the P @ V wait after all exponentials kept every probability live (spills)
+            assert cfg.rescale_threshold > 0.0 and cfg.pv_wait != "softmax", key.name
+    on = {(k.head_dim, k.tiles) for k in variants if heuristics.fwd_config(k).speculative_max}
+    assert on == {(64, "regular"), (64, "short"), (96, "regular"), (128, "regular"), (192, "regular"),
+                  (256, "regular")}
 
 
 def test_early_q_release_only_for_the_short_tiles():

@@ -118,6 +118,24 @@ def test_row_max_jumps_between_key_blocks(dtype, dims, causal):
     check(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_max_rises_past_the_exp2_range(dtype, dims, causal):
+    """Scores grow by ~1.6 powers of two per key towards key 0, which the kernel visits last:
+    every K/V block after a tile's first raises each row's max by ~200 powers of two, so an
+    exponential against the previous max overflows to +inf (the speculative step's guess then
+    fails with no probability left to rescale, and the block must be redone from its scores)."""
+    d, dv = dims
+    g = torch.Generator(device="cuda").manual_seed(4321)
+    sq, sk = 333, 900
+    q = torch.randn(2, sq, 4, d, device="cuda", generator=g)
+    q[..., 0] = 5.0
+    k = torch.randn(2, sk, 2, d, device="cuda", generator=g)
+    k[..., 0] = 2.5 * (d / 128) ** 0.5 * torch.arange(sk, 0, -1, device="cuda", dtype=torch.float32)[None, :, None]
+    v = torch.randn(2, sk, 2, dv, device="cuda", generator=g)
+    check(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+
+
 @pytest.mark.parametrize("options", [dict(window=(70, 30)), dict(window=(-1, 0), softcap=20.0), dict(softcap=5.0)])
 def test_head_dims_with_window_and_softcap(dims, options):
     d, dv = dims

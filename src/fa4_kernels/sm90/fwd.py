@@ -111,6 +111,7 @@ class FlashAttentionForwardSm90:
         skip_dead_blocks: bool = False,
         early_q_release: bool = False,
         lse_bulk_store: bool = False,
+        speculative_max: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -156,6 +157,11 @@ class FlashAttentionForwardSm90:
         self.early_q_release = early_q_release
         # LSE rows out of shared memory in one bulk copy per warpgroup (heuristics.FwdConfig).
         self.lse_bulk_store = lse_bulk_store
+        # K/V steps after a tile's first take their exponentials against the running max and
+        # check afterwards that no row's max rose past the rescale threshold (heuristics.
+        # FwdConfig.speculative_max); the threshold is what makes keeping the max the rule.
+        self.speculative_max = speculative_max
+        assert not speculative_max or rescale_threshold > 0.0, "speculative_max needs a rescale threshold"
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -828,7 +834,7 @@ class FlashAttentionForwardSm90:
                     batch_idx, seq, rows, o_free_mbar, tile_stamp=None):
         """Normalise O by the row sums (``totals``: softmax.row_totals()) and store O and LSE."""
         row_scale = softmax.finalize(totals)
-        softmax.rescale(acc_O, row_scale, final=True)
+        softmax.rescale(acc_O, row_scale, always=True)
         if const_expr(self.stamps):
             tile_stamp(5)
         self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O, tiled_mma_pv, tidx,
@@ -923,10 +929,22 @@ class FlashAttentionForwardSm90:
                 pipeline_q.sync_object_empty.arrive(q_state.index, pipeline_q.consumer_mask)
         if const_expr(self.pv_wait == "row_max"):
             pipeline_k.consumer_release(kv_state)
-        row_scale = self.scores_to_probs(
-            acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
-            mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False,
-        )
+        # Only unmasked steps guess: masked ones (a tile's diagonal or window-edge blocks, a
+        # few per tile) keep the row max, as the mask's registers beside the kept scores spill.
+        speculative = self.speculative_max and not (mask_right or mask_left)
+        if const_expr(speculative):
+            # Exponentials against the running max straight away (OnlineSoftmax.
+            # speculative_step); the scores stay in acc_S for the rare redo below.
+            self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
+                                mask_seqlen=False, mask_right=mask_right, mask_left=mask_left)
+            probs = cute.make_rmem_tensor_like(acc_S, Float32)
+            block_sum = softmax.speculative_step(acc_S, probs)
+        else:
+            row_scale = self.scores_to_probs(
+                acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
+                mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False,
+            )
+            probs = acc_S
         if const_expr(self.pv_wait != "row_max"):
             # ptxas hoists the wait below as far up as it may, to just after the row max, so the
             # exponentials would run only once P @ V is done; it does keep the wait after the
@@ -934,16 +952,31 @@ class FlashAttentionForwardSm90:
             # exponentials (always true) therefore pins the wait behind them: the first few
             # of row 0 ("first_exps") or the row sums, i.e. all of them ("softmax").
             if const_expr(self.pv_wait == "softmax"):
-                after = (softmax.row_sum[0], softmax.row_sum[1])
+                sums = block_sum if const_expr(speculative) else softmax.row_sum
+                after = (sums[0], sums[1])
             else:
-                probs = rows_cols_view(acc_S)
-                after = (probs[0, PV_WAIT_AFTER_EXP - 1], probs[0, PV_WAIT_AFTER_EXP])
+                probs_mn = rows_cols_view(probs)
+                after = (probs_mn[0, PV_WAIT_AFTER_EXP - 1], probs_mn[0, PV_WAIT_AFTER_EXP])
             if pipeline_k.is_signaling_thread and always_one_after(*after) != 0:
                 pipeline_k.sync_object_empty.arrive(kv_state.index, pipeline_k.consumer_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(v_state)
-        store_as_operand_a(acc_S, tOrP)
-        softmax.rescale(acc_O, row_scale)
+        store_as_operand_a(probs, tOrP)
+        if const_expr(speculative):
+            # The branches update the running state through views of its registers: a tensor
+            # stored to under staged control flow is rebound to the branch's result, which must
+            # not reach the softmax object the K/V loop shares with the rest of the tile.
+            local = softmax.local_view()
+            if local.holds(block_sum):
+                local.accept(block_sum)
+            else:
+                # Some row's max rose past the threshold (or the row had none yet): redo the
+                # block from its scores, as without the guess, and rescale O.
+                redo_scale = local.step(acc_S, False)
+                store_as_operand_a(acc_S, tOrP)
+                local.rescale(acc_O, redo_scale, always=True)
+        else:
+            softmax.rescale(acc_O, row_scale)
         stamp(5)
         return kv_state
 
@@ -964,16 +997,34 @@ class FlashAttentionForwardSm90:
         mask_left: cutlass.Constexpr[bool],
         is_first: cutlass.Constexpr[bool],
     ):
+        self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block, mask_seqlen,
+                            mask_right, mask_left)
+        row_scale = softmax.step(acc_S, is_first)
+        if const_expr(tOrP is not None):
+            store_as_operand_a(acc_S, tOrP)
+        return row_scale
+
+    @cute.jit
+    def prepare_scores(
+        self,
+        acc_S: cute.Tensor,
+        mask: AttentionMask,
+        thr_mma_qk: cute.ThrMma,
+        score_scale: Float32,
+        softcap: Float32,
+        first_row: Int32,
+        n_block: Int32,
+        mask_seqlen: cutlass.Constexpr[bool],
+        mask_right: cutlass.Constexpr[bool],
+        mask_left: cutlass.Constexpr[bool],
+    ):
+        """Soft-capping and the masks, in place on the scores."""
         if const_expr(self.has_softcap):
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
         if const_expr(mask_seqlen or mask_right or mask_left):
             mask.apply(acc_S, thr_mma_qk, first_row, n_block, mask_seqlen,
                        mask_right and self.is_causal, (mask_right or mask_left) and self.is_local)
-        row_scale = softmax.step(acc_S, is_first)
-        if const_expr(tOrP is not None):
-            store_as_operand_a(acc_S, tOrP)
-        return row_scale
 
     @cute.jit
     def warpgroup_n_block_max(self, block_info: BlockInfo, rows: TileRows, wg_idx: Int32, seq: SeqlenInfo,
