@@ -40,7 +40,8 @@ class FwdConfig:
     # large share of the loop's instructions, i.e. head_dim_v >= 96 next to tile_n <= 128:
     # measured on an H100 (bf16 16k tokens, same runs, with the packed P conversion): hd256
     # non-causal 1k/4k/16k 624/751/755 -> 652/784/799 TFLOP/s, hd128 4k 720 -> 730, 16k
-    # 707 -> 715-736; hd64 (O is 32 registers) 0 to -2%, so it keeps 0.
+    # 707 -> 715-736; hd64 (O is 32 registers) 0 to -2%, so it keeps 0 unless it guesses the
+    # row max (speculative_max needs the threshold).
     rescale_threshold: float = 0.0
     # O staged in V's buffer for want of its own (place_buffers): the next tile's V then waits
     # for the O store, and both warpgroups store O together.
@@ -83,6 +84,12 @@ class FwdConfig:
     # the running max without computing the block's row max first, and check afterwards (a
     # thread's block sum per row at most 2^threshold) that no max rose past the threshold; a
     # warp where one did redoes the block the exact way (OnlineSoftmax.speculative_step).
+    # The row max's FMNMX chains and shuffles otherwise stand between each step's Q @ K^T wait
+    # and its first exponential. Measured (H200, bf16 16k tokens, two rounds, TFLOP/s, off ->
+    # on): hd128 no mask 1k 647-662 -> 663-677, 4k 748-754 -> 777-780, causal +0.2-0.7%; hd64
+    # short tiles 1k 504-507 -> 552-559, causal 388-393 -> 410-422; hd64 192-row dense 4k
+    # 573-577 -> 633-640, 16k 554-570 -> 628-638; hd256 no mask +1%, causal -0.6 to +0.2%.
+    # Where it fits without spills: speculative_max_fits.
     speculative_max: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
