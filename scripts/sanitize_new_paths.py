@@ -17,6 +17,7 @@ import torch
 os.environ["FA4_SPLIT_TAIL"] = "1"  # split every partial last round (fa4.settings reads it per call)
 os.environ["FA4_TILES"] = "regular"  # the regular tile families unless said below (read per call)
 import fa4  # noqa: E402
+from fa4.testing import rising_scores  # noqa: E402
 
 torch.manual_seed(0)
 dev, bf16 = "cuda", torch.bfloat16
@@ -85,11 +86,7 @@ fa4.attention(q, k, v, causal=True)
 # towards key 0, visited last, so every K/V step after a tile's first redoes its block
 # (hd128 regular, hd64's 192-row tiles, hd256).
 for d in (128, 64, 256):
-    q = torch.randn(1, 500, 4, d, device=dev)
-    q[..., 0] = 5.0
-    k = torch.randn(1, 700, 4, d, device=dev)
-    k[..., 0] = 2.5 * (d / 128) ** 0.5 * torch.arange(700, 0, -1, device=dev, dtype=torch.float32)[None, :, None]
-    v = torch.randn(1, 700, 4, d, device=dev)
+    q, k, v = rising_scores(1, 500, 700, 4, 4, d, d, device=dev)
     fa4.attention(q.to(bf16), k.to(bf16), v.to(bf16))
 torch.cuda.synchronize()
 print("done")

@@ -51,3 +51,18 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
         return float("inf")
     finite = ~torch.isinf(ref)
     return (lse[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def rising_scores(batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int,
+                  head_dim_v: int, *, device="cuda", generator=None):
+    """fp32 q, k, v whose scores rise by ~1.6 powers of two per key towards key 0 (at the default
+    scale): key 0 is where a forward kernel's last K/V block lies, so every block it visits after
+    a tile's first raises each row's max by ~200 powers of two, past the exp2 range of an
+    exponential taken against the previous max (the speculative row max then has to redo)."""
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, generator=generator)
+    q[..., 0] = 5.0
+    k = torch.randn(batch, seqlen_k, heads_k, head_dim, device=device, generator=generator)
+    ramp = torch.arange(seqlen_k, 0, -1, device=device, dtype=torch.float32)
+    k[..., 0] = 2.5 * (head_dim / 128) ** 0.5 * ramp[None, :, None]
+    v = torch.randn(batch, seqlen_k, heads_k, head_dim_v, device=device, generator=generator)
+    return q, k, v

@@ -116,11 +116,12 @@ def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
 def speculative_max_fits(key: VariantKey, tile_m: int) -> bool:
     """Whether the consumers hold a K/V step's scores beside its probabilities without spilling
     (FwdConfig.speculative_max; read off the SASS of every variant). Three consumer warpgroups
-    get 160 registers: only hd64's plain dense kernel fits (192 x 128); its masked, varlen and
-    soft-capped ones spilled 3-15 registers in the K/V loop, hd128's long tiles (192 x 80) 4
-    outside it (2 tile-invariant addresses; +7% at 16k all the same, docs/perf_notes.md).
-    Soft-capping with head_dim 192/256 spilled 8-32 registers (hd192 dense and local)."""
-    if tile_m > 128:
+    (192-row tiles) get 160 registers: only hd64's plain dense kernel fits (192 x 128); its
+    masked, varlen and soft-capped ones spilled 3-15 registers in the K/V loop, hd128's long
+    tiles (192 x 80) 4 outside it (2 tile-invariant addresses; +7% at 16k all the same,
+    docs/perf_notes.md). Two and four warpgroups (240 / 112 registers, the latter with 64-key
+    blocks) fit, but soft-capping with head_dim 192/256 spilled 8-32 (hd192 dense and local)."""
+    if tile_m == 192:
         return key.mask == "none" and not key.softcap and not key.varlen and key.head_dim <= 64
     return not (key.softcap and key.head_dim > 128)
 
@@ -153,7 +154,8 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         cfg = FwdConfig(tile_m=256, tile_n=64, num_stages=4, pv_wait="row_max",
                         rescale_threshold=RESCALE_THRESHOLD, split_tail=key.mask == "none",
                         skip_dead_blocks=key.mask != "none", early_q_release=True,
-                        lse_bulk_store=key.mask != "none", speculative_max=True)  # no spills (4 x 112 registers)
+                        lse_bulk_store=key.mask != "none")
+        cfg = replace(cfg, speculative_max=speculative_max_fits(key, cfg.tile_m))
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.tiles == "long":
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so
@@ -161,8 +163,8 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # 128x128 -> 192x80): non-causal 1k 661-662 -> 615-616, 4k 763 -> 752, 8k 772-773 ->
         # 777-781, 16k 706-724 -> 743-747; causal within +-1% from 4k on, 1k -6%.
         assert key.head_dim == 128, "long-sequence tiles are tuned for hd128"
-        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True,
-                        speculative_max=speculative_max_fits(key, 192))
+        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
+        cfg = replace(cfg, speculative_max=speculative_max_fits(key, cfg.tile_m))
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
@@ -189,6 +191,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # measurable. H200, bf16 16k tokens, two rounds, TFLOP/s, 80 -> 64: causal 1k 524-527
         # -> 539, 2k 653-654 -> 664, 4k 741-742 -> 749-750, 16k the same; no mask 1k 698-702 ->
         # 697, 2k 772 -> 771-775, 4k 806-807 -> 811-813, 16k 814-819 -> 817-821.
+        # ("softmax" stays for the soft-capped kernels; the others guess the row max, below.)
         cfg = FwdConfig(tile_m=128, tile_n=64, num_stages=2, pv_wait="softmax")
     else:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")

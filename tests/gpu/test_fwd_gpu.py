@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
 from fa4 import _native
-from fa4.testing import lse_error, naive_attention, rel_error
+from fa4.testing import lse_error, naive_attention, rel_error, rising_scores
 
 from ..conftest import requires_hopper
 
@@ -127,12 +127,7 @@ def test_row_max_rises_past_the_exp2_range(dtype, dims, causal):
     fails with no probability left to rescale, and the block must be redone from its scores)."""
     d, dv = dims
     g = torch.Generator(device="cuda").manual_seed(4321)
-    sq, sk = 333, 900
-    q = torch.randn(2, sq, 4, d, device="cuda", generator=g)
-    q[..., 0] = 5.0
-    k = torch.randn(2, sk, 2, d, device="cuda", generator=g)
-    k[..., 0] = 2.5 * (d / 128) ** 0.5 * torch.arange(sk, 0, -1, device="cuda", dtype=torch.float32)[None, :, None]
-    v = torch.randn(2, sk, 2, dv, device="cuda", generator=g)
+    q, k, v = rising_scores(2, 333, 900, 4, 2, d, dv, generator=g)
     check(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
 
 
