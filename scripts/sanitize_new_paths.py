@@ -84,9 +84,14 @@ k, v = (torch.randn(2, 4000, 8, 128, device=dev, dtype=bf16) for _ in range(2))
 fa4.attention(q, k, v, causal=True)
 # Guessed row maxima that fail (speculative_max): scores rising by ~1.6 powers of two per key
 # towards key 0, visited last, so every K/V step after a tile's first redoes its block
-# (hd128 regular, hd64's 192-row tiles, hd256).
+# (hd128 regular, hd64's 192-row tiles, hd256, then hd128's long tiles, whose consumers
+# rebuild the split schedule at each tile).
 for d in (128, 64, 256):
     q, k, v = rising_scores(1, 500, 700, 4, 4, d, d, device=dev)
     fa4.attention(q.to(bf16), k.to(bf16), v.to(bf16))
+os.environ["FA4_TILES"] = "long"
+q, k, v = rising_scores(1, 500, 700, 4, 4, 128, 128, device=dev)
+fa4.attention(q.to(bf16), k.to(bf16), v.to(bf16))
+os.environ["FA4_TILES"] = "regular"
 torch.cuda.synchronize()
 print("done")

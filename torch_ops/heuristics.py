@@ -88,14 +88,19 @@ def tile_fill(rows: int, tile_m: int) -> float:
 TILE_FAMILIES = ("regular", "short", "long")
 # Where the extra tile families pay (fa4_kernels.heuristics.fwd_config has the measurements):
 # hd64's 256-row "short" tiles up to 1024 query rows, hd128's three-warpgroup "long" tiles from
-# 8192 keys on (H200, bf16 16k tokens, TFLOP/s, regular -> family, same run):
+# 2048 keys on (H200, bf16 16k tokens, TFLOP/s, regular -> family, same run):
 #   hd64  no mask: seqlen 197 154 -> 220, 512 403 -> 443, 577 320 -> 320, 700 408 -> 430,
 #         768 487 -> 478, 1000 440 -> 475, 1536 552 -> 527;
 #         causal: 197 85 -> 119, 512 270 -> 291, 700 314 -> 321, 768 345 -> 353, 1000 352 -> 366,
 #         1024 372 -> 391, 1536 443 -> 439 (and 2048 474 -> 460-463 in another run);
-#   hd128 no mask: seqlen 2k 722 -> 709, 4k 749 -> 738, 8k 757 -> 766, 16k 714 -> 748.
+#   hd128 no mask, both guessing the row max (seventeenth session, two rounds): seqlen 1k 662 ->
+#         616-617, 2k 734-735 -> 744-745, 4k 778-779 -> 794-795, 8k 793 -> 836-837; 16k
+#         723-738 -> 785-793 (other calls). The long tiles pad 3% at 2k and 4k (11 and 22 tiles
+#         of 192 rows) and still win; at 1k they pad 11%. (Before the long tiles guessed, from
+#         8k on only: 2k 722 -> 709, 4k 749 -> 738, 8k 757 -> 766, 16k 714 -> 748.)
 SHORT_SEQ_MAX = 1024
-LONG_SEQ_MIN_K = 8192
+LONG_SEQ_MIN_K = 2048
+LONG_MIN_FILL = 0.96  # of the regular tiles' fill
 
 
 def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: dict[str, int],
@@ -108,8 +113,8 @@ def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: d
       diagonal blocks: +2% to +40% at every length measured up to 1024, -1% at 1536); without a
       mask where the regular tiles pad and its tiles pad no more (at equal padding its tiles
       won: 700 rows +5%; without padding they lost: 768 -2%);
-    - "long" for keys from LONG_SEQ_MIN_K on whose query its taller tiles fill at least 98% as
-      well (16384 rows: 99.5%; not one decoding row: 1/192 against 1/128).
+    - "long" for keys from LONG_SEQ_MIN_K on whose query its taller tiles fill at least
+      LONG_MIN_FILL as well (2048 and 4096 rows: 97%; not one decoding row: 1/192 against 1/128).
     ``override`` (FA4_TILES) is taken wherever that family is built."""
     if override is not None:
         return override if override in built else "regular"
@@ -119,7 +124,7 @@ def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: d
     if "short" in built and seqlen_q <= SHORT_SEQ_MAX:
         if mask == "causal" or (fill < 1.0 and tile_fill(seqlen_q, built["short"]) >= fill):
             return "short"
-    if "long" in built and seqlen_k >= LONG_SEQ_MIN_K and tile_fill(seqlen_q, built["long"]) >= 0.98 * fill:
+    if "long" in built and seqlen_k >= LONG_SEQ_MIN_K and tile_fill(seqlen_q, built["long"]) >= LONG_MIN_FILL * fill:
         return "long"
     return "regular"
 

@@ -91,7 +91,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         pv_wait=cfg.pv_wait, rescale_threshold=cfg.rescale_threshold,
         o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, skip_dead_blocks=cfg.skip_dead_blocks,
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
-        speculative_max=cfg.speculative_max,
+        speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         stamps=env_settings()["diag_stamps"],
     )
 

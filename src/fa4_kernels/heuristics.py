@@ -91,6 +91,12 @@ class FwdConfig:
     # 573-577 -> 633-640, 16k 554-570 -> 628-638; hd256 no mask +1%, causal -0.6 to +0.2%.
     # Where it fits without spills: speculative_max_fits.
     speculative_max: bool = False
+    # The consumers rebuild the static schedule's tile-invariant values (the split tail's share
+    # of this CTA, the tile decode's sizes) from the kernel parameters at every tile, a few
+    # integer divisions, instead of holding ~8 registers across the K/V loop. For hd128's long
+    # tiles, whose 160-register consumers spilled 2-3 of them (4-12 LDL/STL outside the loop)
+    # once they kept the scores beside the probabilities (speculative_max).
+    rebuild_schedule: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -116,13 +122,13 @@ def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
 def speculative_max_fits(key: VariantKey, tile_m: int) -> bool:
     """Whether the consumers hold a K/V step's scores beside its probabilities without spilling
     (FwdConfig.speculative_max; read off the SASS of every variant). Three consumer warpgroups
-    (192-row tiles) get 160 registers: only hd64's plain dense kernel fits (192 x 128); its
-    masked, varlen and soft-capped ones spilled 3-15 registers in the K/V loop, hd128's long
-    tiles (192 x 80) 4 outside it (2 tile-invariant addresses; +7% at 16k all the same,
-    docs/perf_notes.md). Two and four warpgroups (240 / 112 registers, the latter with 64-key
-    blocks) fit, but soft-capping with head_dim 192/256 spilled 8-32 (hd192 dense and local)."""
+    (192-row tiles) get 160 registers: the plain dense kernels fit, hd64's (192 x 128) and
+    hd128's long tiles (192 x 80, with rebuild_schedule); hd64's masked, varlen and soft-capped
+    kernels spilled 3-15 registers in the K/V loop. Two and four warpgroups (240 / 112
+    registers, the latter with 64-key blocks) fit, but soft-capping with head_dim 192/256
+    spilled 8-32 (hd192 dense and local)."""
     if tile_m == 192:
-        return key.mask == "none" and not key.softcap and not key.varlen and key.head_dim <= 64
+        return key.mask == "none" and not key.softcap and not key.varlen
     return not (key.softcap and key.head_dim > 128)
 
 
@@ -161,10 +167,14 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so
         # tile_n <= 80: 96 spills). Measured (H200, bf16 16k tokens, two rounds, TFLOP/s,
         # 128x128 -> 192x80): non-causal 1k 661-662 -> 615-616, 4k 763 -> 752, 8k 772-773 ->
-        # 777-781, 16k 706-724 -> 743-747; causal within +-1% from 4k on, 1k -6%.
+        # 777-781, 16k 706-724 -> 743-747; causal within +-1% from 4k on, 1k -6%. Both guessing
+        # the row max (speculative_max; here it needs rebuild_schedule), same runs: 1k 662 ->
+        # 616-617, 2k 734-735 -> 744-745, 4k 778-779 -> 794-795, 8k 793 -> 836-837; the long
+        # tiles without -> with the guess: 8k 761-780 -> 834-836, 16k 718-720 -> 785-793.
         assert key.head_dim == 128, "long-sequence tiles are tuned for hd128"
         cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
-        cfg = replace(cfg, speculative_max=speculative_max_fits(key, cfg.tile_m))
+        guess = speculative_max_fits(key, cfg.tile_m)
+        cfg = replace(cfg, speculative_max=guess, rebuild_schedule=guess)
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs

@@ -430,13 +430,15 @@ def test_tile_order_groups_with_a_remainder(monkeypatch, dims, kw):
 @pytest.mark.parametrize("d, sq, sk, family", [
     (64, 1000, 1000, "short"), (64, 197, 197, "short"), (64, 512, 3000, "short"), (64, 700, 700, "short"),
     (64, 768, 768, "regular"), (64, 1500, 1500, "regular"), (64, 1, 3000, "regular"), (64, 960, 960, "regular"),
-    (128, 1500, 8192, "long"), (128, 1500, 4096, "regular"), (128, 1, 8192, "regular"),
+    (128, 1500, 8192, "long"), (128, 1500, 2048, "long"), (128, 1500, 1024, "regular"),
+    (128, 1000, 4096, "regular"), (128, 1, 8192, "regular"),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family, causal):
     """Automatic choice (fa4.heuristics.tile_family), dense: hd64 takes 256-row tiles up to 1024
     query rows that 192-row ones pad (and they no more), without a mask or causal; hd128 192-row
-    tiles from 8192 keys on without a mask only; neither for one unpacked decoding row."""
+    tiles from 2048 keys on, where they pad about as little, without a mask only; neither for
+    one unpacked decoding row."""
     monkeypatch.delenv("FA4_TILES", raising=False)
     launched = []
     native_fwd = _native.fwd

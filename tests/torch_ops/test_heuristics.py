@@ -70,9 +70,11 @@ HD128 = {"long": 192}  # hd128: regular 128-row tiles, "long" 192
     (192, HD64, 1024, 1024, 1, "long", "regular"),       # not built for hd64
     (128, HD128, 16384, 16384, 1, None, "long"),   # 192-row tiles pad 0.5%
     (128, HD128, 8192, 8192, 1, None, "long"),
-    (128, HD128, 4096, 4096, 1, None, "regular"),  # below LONG_SEQ_MIN_K: measured 1.5% slower
-    (128, HD128, 4096, 16384, 1, None, "regular"), # 97% vs 100% full: the padding costs more
-    (128, HD128, 1000, 16384, 1, None, "regular"),
+    (128, HD128, 4096, 4096, 1, None, "long"),     # 97% vs 100% full: measured +2%
+    (128, HD128, 2048, 2048, 1, None, "long"),     # the same fill: +1.5%
+    (128, HD128, 4096, 1024, 1, None, "regular"),  # below LONG_SEQ_MIN_K
+    (128, HD128, 1024, 1024, 1, None, "regular"),  # 89% vs 100%: measured -7%
+    (128, HD128, 1000, 16384, 1, None, "regular"), # 87% vs 98%
     (128, HD128, 1, 8192, 1, None, "regular"),     # unpacked decoding: 1/192 against 1/128
     (128, HD128, 10000, 10000, 1, None, "long"),   # 98.3% against 98.9%
     (128, HD128, 16384, 16384, 2, None, "regular"),

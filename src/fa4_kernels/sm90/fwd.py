@@ -112,6 +112,7 @@ class FlashAttentionForwardSm90:
         early_q_release: bool = False,
         lse_bulk_store: bool = False,
         speculative_max: bool = False,
+        rebuild_schedule: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -162,18 +163,30 @@ class FlashAttentionForwardSm90:
         # FwdConfig.speculative_max); the threshold is what makes keeping the max the rule.
         self.speculative_max = speculative_max
         assert not speculative_max or rescale_threshold > 0.0, "speculative_max needs a rescale threshold"
+        # The consumers rebuild the static schedule's state at each tile rather than hold it
+        # (heuristics.FwdConfig.rebuild_schedule).
+        self.rebuild_schedule = rebuild_schedule
+        assert not rebuild_schedule or not self.dynamic_schedule, "only the static schedule is rebuilt"
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
     # ------------------------------------------------------------------ host side
     def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
                   mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32,
-                  tail_ctas: Int32, grid=None) -> StaticPersistentScheduler:
+                  tail_ctas: Int32, grid=None, zero=None) -> StaticPersistentScheduler:
         """mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
         pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
-        head index is the K/V head. ``grid``: the launched grid (in the kernel), for the split."""
+        head index is the K/V head. ``grid``: the launched grid (in the kernel), for the split.
+        ``zero``: an opaque zero (ptx.loop_bound_zero) added to every input, so that what derives
+        from them is computed where this is called rather than once and held in registers."""
+        size = lambda v: cute.size(v)  # noqa: E731
+        cta = Int32(cute.arch.block_idx()[0])
+        if const_expr(zero is not None):
+            heads_per_group, pack_gqa, tail_ctas, grid, cta = (
+                Int32(v) + zero for v in (heads_per_group, pack_gqa, tail_ctas, grid, cta))
+            size = lambda v: cute.size(v) + zero  # noqa: E731
         rows = block_rows(self.tile_m, pack_gqa)
-        num_heads = cute.size(mQ.shape[2]) // pack_gqa
+        num_heads = size(mQ.shape[2]) // pack_gqa
         if const_expr(self.is_varlen):
             return StaticPersistentScheduler(
                 cute.ceil_div(max_seqlen_q, rows), num_heads,
@@ -181,14 +194,14 @@ class FlashAttentionForwardSm90:
                 rows, mCuSeqlensQ, mSeqOrder,
             )
         sched = StaticPersistentScheduler(
-            cute.ceil_div(cute.size(mQ.shape[0]), rows), num_heads,
-            cute.size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, rows,
+            cute.ceil_div(size(mQ.shape[0]), rows), num_heads,
+            size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, rows,
         )
         if const_expr(self.split_tail and grid is not None):
             # No mask: every tile visits all ceil(seqlen_k / tile_n) K/V blocks.
-            n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+            n_blocks = cute.ceil_div(size(mK.shape[0]), self.tile_n)
             split = SplitTail(sched.num_tiles, grid, n_blocks, tail_ctas)
-            sched = replace(sched, split=split.for_cta(Int32(cute.arch.block_idx()[0])))
+            sched = replace(sched, split=split.for_cta(cta))
         return sched
 
     def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k):
@@ -454,6 +467,10 @@ class FlashAttentionForwardSm90:
         seqlen_k = mK.shape[0]
         scheduler = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
                                    tail_ctas, Int32(cute.arch.grid_dim()[0]))
+        # The same schedule, recomputed where it is called (consume, with rebuild_schedule).
+        rebuild_scheduler = lambda zero: self.scheduler(  # noqa: E731
+            mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa, tail_ctas,
+            Int32(cute.arch.grid_dim()[0]), zero=zero)
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
                                  partial_words_per_thread(self.head_dim_v))
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
@@ -478,7 +495,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials,
+                partials, rebuild_scheduler,
             )
 
     @cute.jit
@@ -634,6 +651,7 @@ class FlashAttentionForwardSm90:
         seqlens,
         pack_gqa: Int32,
         partials: SplitPartials,
+        rebuild_scheduler,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -657,16 +675,23 @@ class FlashAttentionForwardSm90:
                 barrier_id=int(FwdBarrier.WG_SCHEDULER), number_of_threads=2 * THREADS_PER_WG
             )
 
-        if const_expr(not self.is_varlen):
-            # The consumers' own tile decode by precomputed divisors: their tile boundary is on
-            # the critical path (the producer runs ahead; it keeps the plain divisions, which
-            # need no registers across its loop: its 24-40 spill the divisors).
-            scheduler = scheduler.with_fast_division()
+        if const_expr(self.rebuild_schedule):
+            # The schedule's tile-invariant values (the split tail's share, the decode's sizes:
+            # ~8 registers) are rebuilt from the kernel parameters at each use, a few integer
+            # divisions per tile, instead of held across the K/V loop (FwdConfig.rebuild_schedule).
+            schedule_at = lambda cursor: rebuild_scheduler(loop_bound_zero(cursor))  # noqa: E731
+        else:
+            if const_expr(not self.is_varlen):
+                # The consumers' own tile decode by precomputed divisors: their tile boundary is
+                # on the critical path (the producer runs ahead; it keeps the plain divisions,
+                # which need no registers across its loop: its 24-40 spill the divisors).
+                scheduler = scheduler.with_fast_division()
+            schedule_at = lambda cursor: scheduler  # noqa: E731
         stamps = Stamps.create(partials.partials, tidx, wg_idx) if const_expr(self.stamps) else None
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
-        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
+        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
@@ -792,7 +817,7 @@ class FlashAttentionForwardSm90:
             if const_expr(self.split_tail):
                 # A piece of a split tile (static schedule's last round): writers leave their
                 # partial state for the tile's merger; the merger folds every writer's in first.
-                split = scheduler.split
+                split = schedule_at(cursor).split
                 role = split.role(kv_lo, cutlass.min(kv_hi, split.n_blocks))
                 cta = split.cta
                 sync_id = int(FwdBarrier.SPLIT_WG) + wg_idx
@@ -823,7 +848,7 @@ class FlashAttentionForwardSm90:
                 handoffs += 1
             else:
                 cursor += 1
-            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
+            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor)
 
         # Shared memory must outlive the last TMA store's reads.
         if self.is_store_warp():
