@@ -40,6 +40,8 @@ fa4.attention(q, k, v, pack_gqa=True)
 os.environ["FA4_TILES"] = "long"
 q, k, v = (torch.randn(1, 1000, 30, 128, device=dev, dtype=bf16) for _ in range(3))
 fa4.attention(q, k, v)
+# ... causal (dynamic schedule, dead blocks skipped, guessed row max off the diagonal).
+fa4.attention(q, k, v, causal=True)
 os.environ["FA4_TILES"] = "regular"
 # pack-GQA, dense: 8 query heads on 2 K/V heads, short queries, causal.
 q = torch.randn(2, 37, 8, 128, device=dev, dtype=bf16)

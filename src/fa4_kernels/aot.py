@@ -92,6 +92,7 @@ def compile_variant(name: str, out_dir: Path) -> None:
         o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, skip_dead_blocks=cfg.skip_dead_blocks,
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
+        epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile,
         stamps=env_settings()["diag_stamps"],
     )
 

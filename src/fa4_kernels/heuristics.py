@@ -89,7 +89,7 @@ class FwdConfig:
     # on): hd128 no mask 1k 647-662 -> 663-677, 4k 748-754 -> 777-780, causal +0.2-0.7%; hd64
     # short tiles 1k 504-507 -> 552-559, causal 388-393 -> 410-422; hd64 192-row dense 4k
     # 573-577 -> 633-640, 16k 554-570 -> 628-638; hd256 no mask +1%, causal -0.6 to +0.2%.
-    # Where it fits without spills: speculative_max_fits.
+    # Where it is on: speculative_max_pays.
     speculative_max: bool = False
     # The consumers rebuild the static schedule's tile-invariant values (the split tail's share
     # of this CTA, the tile decode's sizes) from the kernel parameters at every tile, a few
@@ -97,6 +97,18 @@ class FwdConfig:
     # tiles, whose 160-register consumers spilled 2-3 of them (4-12 LDL/STL outside the loop)
     # once they kept the scores beside the probabilities (speculative_max).
     rebuild_schedule: bool = False
+    # The epilogue computes its per-thread addresses (O's stmatrix and row-copy addresses, the
+    # LSE rows') at every tile from an opaque per-tile zero, rather than once before the tile
+    # loop and held across the K/V loop. Where the tiles are long and differ (masked, varlen:
+    # the dynamic schedule): it lets hd64's masked and varlen 192-row kernels keep the scores
+    # for the guessed row max without spills (2-11 LDL/STL without it). Measured (H200, bf16 16k
+    # tokens, two rounds, TFLOP/s, off -> on, with the guess there): hd64 causal 4k 537-539 ->
+    # 564, 16k 578-579 -> 622-624, window (1024, 1024) at 4k 482 -> 503, varlen (8 documents)
+    # 480 -> 505; hd128 causal 4k 700-702 -> 709-711, 16k 752-755 -> 760-768. Elsewhere it costs
+    # at the tile boundary: hd64 short tiles 1k no mask 556-557 -> 538-540, causal 420 -> 403-406;
+    # hd64 dense 4k 640 -> 634; hd256 causal (128 O registers' worth of addresses) 1k 563-565 ->
+    # 555-556, 4k 758-761 -> 751-755. So: the dynamic schedule, head_dim_v <= 128.
+    epilogue_addresses_per_tile: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -119,17 +131,17 @@ def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
     raise ValueError(f"no buffer placement of {cfg} fits shared memory")
 
 
-def speculative_max_fits(key: VariantKey, tile_m: int) -> bool:
-    """Whether the consumers hold a K/V step's scores beside its probabilities without spilling
-    (FwdConfig.speculative_max; read off the SASS of every variant). Three consumer warpgroups
-    (192-row tiles) get 160 registers: the plain dense kernels fit, hd64's (192 x 128) and
-    hd128's long tiles (192 x 80, with rebuild_schedule); hd64's masked, varlen and soft-capped
-    kernels spilled 3-15 registers in the K/V loop. Two and four warpgroups (240 / 112
-    registers, the latter with 64-key blocks) fit, but soft-capping with head_dim 192/256
-    spilled 8-32 (hd192 dense and local)."""
-    if tile_m == 192:
-        return key.mask == "none" and not key.softcap and not key.varlen
-    return not (key.softcap and key.head_dim > 128)
+def speculative_max_pays(key: VariantKey) -> bool:
+    """Where the K/V steps guess the row max (FwdConfig.speculative_max): everywhere but with
+    softcap. Without softcap every variant keeps a step's scores beside its probabilities
+    without spills (read off the SASS of each): hd128's long tiles with rebuild_schedule,
+    hd64's masked and varlen 192-row kernels with epilogue_addresses_per_tile. With softcap it
+    was measured much slower (H200, bf16 16k tokens, two rounds, TFLOP/s, guess -> none): hd64
+    short tiles 1k 270 -> 345-348, hd128 1k 446 -> 528-531, 4k 487-488 -> 600, causal 1k 372 ->
+    434, 4k 454 -> 552; hd128's long tiles 4k 497 -> 607 (not explained: the tanh shares the
+    MUFU pipe with the exponentials, and without the row max between them nothing else fills
+    the issue slots); hd192/256 spilled 8-32 with it."""
+    return not key.softcap
 
 
 def fwd_config(key: VariantKey) -> FwdConfig:
@@ -139,7 +151,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
     assert key.tiles == "regular" or not key.varlen, "tile families are dense"
-    assert key.tiles != "long" or key.mask == "none", "long-sequence tiles are unmasked"
+    assert key.tiles != "long" or key.mask != "local", "long-sequence tiles: no mask or causal"
     assert key.tiles != "short" or key.mask != "local", "short-sequence tiles: no mask or causal"
     if key.tiles == "short":
         assert key.head_dim == 64, "short-sequence tiles are tuned for hd64"
@@ -161,7 +173,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
                         rescale_threshold=RESCALE_THRESHOLD, split_tail=key.mask == "none",
                         skip_dead_blocks=key.mask != "none", early_q_release=True,
                         lse_bulk_store=key.mask != "none")
-        cfg = replace(cfg, speculative_max=speculative_max_fits(key, cfg.tile_m))
+        cfg = replace(cfg, speculative_max=speculative_max_pays(key))
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.tiles == "long":
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so
@@ -172,9 +184,12 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # 616-617, 2k 734-735 -> 744-745, 4k 778-779 -> 794-795, 8k 793 -> 836-837; the long
         # tiles without -> with the guess: 8k 761-780 -> 834-836, 16k 718-720 -> 785-793.
         assert key.head_dim == 128, "long-sequence tiles are tuned for hd128"
-        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD, split_tail=True)
-        guess = speculative_max_fits(key, cfg.tile_m)
-        cfg = replace(cfg, speculative_max=guess, rebuild_schedule=guess)
+        unmasked = key.mask == "none"
+        guess = speculative_max_pays(key)
+        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD,
+                        split_tail=unmasked, skip_dead_blocks=not unmasked, lse_bulk_store=not unmasked,
+                        speculative_max=guess, rebuild_schedule=guess and unmasked,
+                        epilogue_addresses_per_tile=not unmasked)
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
@@ -201,11 +216,11 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # measurable. H200, bf16 16k tokens, two rounds, TFLOP/s, 80 -> 64: causal 1k 524-527
         # -> 539, 2k 653-654 -> 664, 4k 741-742 -> 749-750, 16k the same; no mask 1k 698-702 ->
         # 697, 2k 772 -> 771-775, 4k 806-807 -> 811-813, 16k 814-819 -> 817-821.
-        # ("softmax" stays for the soft-capped kernels; the others guess the row max, below.)
+        # (With the guessed row max, below, the wait goes after the first exponentials.)
         cfg = FwdConfig(tile_m=128, tile_n=64, num_stages=2, pv_wait="softmax")
     else:
         raise ValueError(f"head_dim {key.head_dim} > 256 is not supported on sm90")
-    if speculative_max_fits(key, cfg.tile_m):
+    if speculative_max_pays(key):
         # The guessed row max needs the threshold (it is what keeps a max); with it, the P @ V
         # wait goes after the first exponentials for every head dim: "softmax" kept all of a
         # block's probabilities live beside its scores and spilled hd192/hd256.
@@ -213,9 +228,10 @@ def fwd_config(key: VariantKey) -> FwdConfig:
                       pv_wait="first_exps" if cfg.pv_wait == "softmax" else cfg.pv_wait)
     elif key.head_dim_v > 64:  # O is 48+ registers per thread: skipping its rescale pays (above)
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
-    cfg = replace(cfg, split_tail=key.mask == "none" and not key.varlen,
+    dynamic = key.mask != "none" or key.varlen
+    cfg = replace(cfg, split_tail=not dynamic,
                   skip_dead_blocks=key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128),
-                  lse_bulk_store=key.mask != "none")
+                  lse_bulk_store=key.mask != "none", epilogue_addresses_per_tile=dynamic and key.head_dim_v <= 128)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg

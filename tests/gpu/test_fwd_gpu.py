@@ -437,8 +437,8 @@ def test_tile_order_groups_with_a_remainder(monkeypatch, dims, kw):
 def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family, causal):
     """Automatic choice (fa4.heuristics.tile_family), dense: hd64 takes 256-row tiles up to 1024
     query rows that 192-row ones pad (and they no more), without a mask or causal; hd128 192-row
-    tiles from 2048 keys on, where they pad about as little, without a mask only; neither for
-    one unpacked decoding row."""
+    tiles from 2048 keys on, where they pad about as little, without a mask or causal; neither
+    for one unpacked decoding row."""
     monkeypatch.delenv("FA4_TILES", raising=False)
     launched = []
     native_fwd = _native.fwd
@@ -446,8 +446,6 @@ def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family, causal):
     q = torch.randn(2, sq, 2, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     check(q, k, v, causal=causal)
-    if causal and family == "long":
-        family = "regular"
     if causal and d == 64 and 1 < sq <= 1024:  # causal: short tiles up to 1024 rows, padded or not
         family = "short"
     suffix = "" if family == "regular" else f"_{family}seq"

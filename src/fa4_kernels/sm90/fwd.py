@@ -113,6 +113,7 @@ class FlashAttentionForwardSm90:
         lse_bulk_store: bool = False,
         speculative_max: bool = False,
         rebuild_schedule: bool = False,
+        epilogue_addresses_per_tile: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -167,6 +168,8 @@ class FlashAttentionForwardSm90:
         # (heuristics.FwdConfig.rebuild_schedule).
         self.rebuild_schedule = rebuild_schedule
         assert not rebuild_schedule or not self.dynamic_schedule, "only the static schedule is rebuilt"
+        # The epilogue computes its per-thread addresses at each tile (heuristics.FwdConfig).
+        self.epilogue_addresses_per_tile = epilogue_addresses_per_tile
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -1123,6 +1126,12 @@ class FlashAttentionForwardSm90:
         tile_stamp=None,
     ):
         stamp = lambda point: tile_stamp(point) if const_expr(self.stamps) else None  # noqa: E731
+        if const_expr(self.epilogue_addresses_per_tile):
+            # Every per-thread address below derives from tidx and is the same for every tile;
+            # left alone, LLVM computes them once before the tile loop and holds them across the
+            # K/V loop (heuristics.FwdConfig.epilogue_addresses_per_tile). An opaque per-tile
+            # zero keeps them here.
+            tidx = tidx + loop_bound_zero(rows.first_row)
         is_store_warp = self.is_store_warp()
         # Who synchronises and stores which rows: each warpgroup its own 64 rows (from its own
         # part of sO), or all consumers the whole tile.
