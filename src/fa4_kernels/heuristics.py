@@ -183,15 +183,10 @@ def fwd_config(key: VariantKey) -> FwdConfig:
         # the row max (speculative_max; here it needs rebuild_schedule), same runs: 1k 662 ->
         # 616-617, 2k 734-735 -> 744-745, 4k 778-779 -> 794-795, 8k 793 -> 836-837; the long
         # tiles without -> with the guess: 8k 761-780 -> 834-836, 16k 718-720 -> 785-793.
+        # The mask-dependent options below apply as to any 192-row kernel.
         assert key.head_dim == 128, "long-sequence tiles are tuned for hd128"
-        unmasked = key.mask == "none"
-        guess = speculative_max_pays(key)
-        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2, rescale_threshold=RESCALE_THRESHOLD,
-                        split_tail=unmasked, skip_dead_blocks=not unmasked, lse_bulk_store=not unmasked,
-                        speculative_max=guess, rebuild_schedule=guess and unmasked,
-                        epilogue_addresses_per_tile=not unmasked)
-        return place_buffers(cfg, key.head_dim, key.head_dim_v)
-    if key.head_dim <= 64:
+        cfg = FwdConfig(tile_m=192, tile_n=80, num_stages=2)
+    elif key.head_dim <= 64:
         # Three consumer warpgroups (192-row tiles, FlashAttention-3's hd64 shape): hd64's GEMMs
         # are short next to its softmax, and a third warpgroup keeps the tensor cores fed.
         # Pinning the P @ V wait pays off; with softcap it spills some of the 160-register
@@ -232,6 +227,9 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     cfg = replace(cfg, split_tail=not dynamic,
                   skip_dead_blocks=key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128),
                   lse_bulk_store=key.mask != "none", epilogue_addresses_per_tile=dynamic and key.head_dim_v <= 128)
+    if key.tiles == "long":
+        # Its guessing consumers hold nothing of the static schedule across the K/V loop.
+        cfg = replace(cfg, rebuild_schedule=cfg.speculative_max and cfg.split_tail)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg

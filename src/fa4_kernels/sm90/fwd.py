@@ -468,12 +468,12 @@ class FlashAttentionForwardSm90:
         )
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        scheduler = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
-                                   tail_ctas, Int32(cute.arch.grid_dim()[0]))
-        # The same schedule, recomputed where it is called (consume, with rebuild_schedule).
-        rebuild_scheduler = lambda zero: self.scheduler(  # noqa: E731
+        # The schedule, built where this is called (consume rebuilds it per tile with
+        # rebuild_schedule, passing an opaque zero).
+        make_scheduler = lambda zero=None: self.scheduler(  # noqa: E731
             mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa, tail_ctas,
             Int32(cute.arch.grid_dim()[0]), zero=zero)
+        scheduler = make_scheduler()
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
                                  partial_words_per_thread(self.head_dim_v))
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
@@ -498,7 +498,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, rebuild_scheduler,
+                partials, make_scheduler,
             )
 
     @cute.jit
@@ -654,7 +654,7 @@ class FlashAttentionForwardSm90:
         seqlens,
         pack_gqa: Int32,
         partials: SplitPartials,
-        rebuild_scheduler,
+        make_scheduler,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -682,7 +682,7 @@ class FlashAttentionForwardSm90:
             # The schedule's tile-invariant values (the split tail's share, the decode's sizes:
             # ~8 registers) are rebuilt from the kernel parameters at each use, a few integer
             # divisions per tile, instead of held across the K/V loop (FwdConfig.rebuild_schedule).
-            schedule_at = lambda cursor: rebuild_scheduler(loop_bound_zero(cursor))  # noqa: E731
+            schedule_at = lambda cursor: make_scheduler(loop_bound_zero(cursor))  # noqa: E731
         else:
             if const_expr(not self.is_varlen):
                 # The consumers' own tile decode by precomputed divisors: their tile boundary is
