@@ -66,7 +66,25 @@ done:
   return status;
 }
 
-static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank, int32_t elem_bytes) {
+/* strides16: every stride but the last must be a positive multiple of 16 bytes (TMA and bulk
+ * copies need it). */
+/* The variant's module loaded on the current device, whose compute capability it must match. */
+static int32_t ready_on_current_device(int32_t index) {
+  const fa4_variant *variant = &fa4_variants[index];
+  int device, major, minor;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return fail(FA4_ERR_CUDA, "querying the current device failed: %s", cudaGetErrorString(err));
+  if (device >= FA4_MAX_DEVICES) return fail(FA4_ERR_CUDA, "device index %d too large", device);
+  if (major != variant->cc_major || minor != variant->cc_minor)
+    return fail(FA4_ERR_WRONG_ARCH, "%s needs compute capability %d.%d, device %d is %d.%d",
+                variant->name, variant->cc_major, variant->cc_minor, device, major, minor);
+  return ensure_loaded(index, device);
+}
+
+static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank, int32_t elem_bytes,
+                            int32_t strides16) {
   if (!t || !t->data) return fail(FA4_ERR_BAD_TENSOR, "%s: null tensor or data pointer", name);
   if (t->rank != rank) return fail(FA4_ERR_BAD_TENSOR, "%s: rank %d, expected %d", name, t->rank, rank);
   if ((uintptr_t)t->data % 16 != 0)
@@ -77,8 +95,7 @@ static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank,
     if (t->shape[i] <= 0 || t->shape[i] > INT32_MAX)
       return fail(FA4_ERR_BAD_TENSOR, "%s: size %lld of dim %d out of range [1, 2^31)", name,
                   (long long)t->shape[i], i);
-    /* TMA needs every stride but the last to be a multiple of 16 bytes. */
-    if (i < rank - 1 && elem_bytes == 2 && ((t->stride[i] * elem_bytes) % 16 != 0 || t->stride[i] <= 0))
+    if (i < rank - 1 && strides16 && ((t->stride[i] * elem_bytes) % 16 != 0 || t->stride[i] <= 0))
       return fail(FA4_ERR_BAD_TENSOR, "%s: stride %lld of dim %d must be a positive multiple of 16 bytes",
                   name, (long long)t->stride[i], i);
   }
@@ -109,15 +126,17 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
   int32_t status;
-  if ((status = check_tensor("q", q, 4, 2)) || (status = check_tensor("k", k, 4, 2)) ||
-      (status = check_tensor("v", v, 4, 2)) || (status = check_tensor("out", o, 4, 2)) ||
-      (status = check_tensor("lse", lse, 3, 4)) ||
-      (status = check_tensor("semaphores", semaphores, 1, 4)) ||
-      (status = check_tensor("partials", partials, 1, 4)) ||
-      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4)) ||
-      (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4)) ||
-      (status = check_tensor("seqused_k", seqused_k, 1, 4)) ||
-      (status = check_tensor("seq_order", seq_order, 1, 4)))
+  if (variant->kind != FA4_KERNEL_FWD)
+    return fail(FA4_ERR_WRONG_KIND, "%s is not a forward kernel", variant->name);
+  if ((status = check_tensor("q", q, 4, 2, 1)) || (status = check_tensor("k", k, 4, 2, 1)) ||
+      (status = check_tensor("v", v, 4, 2, 1)) || (status = check_tensor("out", o, 4, 2, 1)) ||
+      (status = check_tensor("lse", lse, 3, 4, 0)) ||
+      (status = check_tensor("semaphores", semaphores, 1, 4, 0)) ||
+      (status = check_tensor("partials", partials, 1, 4, 0)) ||
+      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)) ||
+      (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4, 0)) ||
+      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)) ||
+      (status = check_tensor("seq_order", seq_order, 1, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
@@ -156,19 +175,120 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if (q->shape[0] * q->shape[2] * ((q->shape[1] + 127) / 128) > INT32_MAX)
     return fail(FA4_ERR_BAD_TENSOR, "too many tiles for one launch (batch * heads * seqlen_q / 128 >= 2^31)");
 
-  int device, major, minor;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) return fail(FA4_ERR_CUDA, "querying the current device failed: %s", cudaGetErrorString(err));
-  if (device >= FA4_MAX_DEVICES) return fail(FA4_ERR_CUDA, "device index %d too large", device);
-  if (major != variant->cc_major || minor != variant->cc_minor)
-    return fail(FA4_ERR_WRONG_ARCH, "%s needs compute capability %d.%d, device %d is %d.%d",
-                variant->name, variant->cc_major, variant->cc_minor, device, major, minor);
-  if ((status = ensure_loaded(index, device))) return status;
+  if ((status = ready_on_current_device(index))) return status;
 
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
                              seq_order, params, (cudaStream_t)stream);
+  if (ret != 0)
+    return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
+  return FA4_OK;
+}
+
+/* Rows of the backward statistics (blocks of fa4_stats_block_rows): dense (num_seqs < 0)
+ * ceil(seqlen_q / block), packed num_seqs + 1 blocks more (each sequence starts on a block). */
+static int64_t stats_rows(int64_t total_q, int64_t num_seqs) {
+  int64_t block = fa4_stats_block_rows;
+  return ((total_q + block - 1) / block + (num_seqs >= 0 ? num_seqs + 1 : 0)) * block;
+}
+
+/* Does t (rank 4, (batch, seqlen, heads, dim)) have these sizes? */
+static int same_shape4(const fa4_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return t->shape[0] == b && t->shape[1] == s && t->shape[2] == h && t->shape[3] == d;
+}
+
+int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
+                const fa4_bwd_params *params, void *stream) {
+  if (index < 0 || index >= fa4_variant_count)
+    return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
+  const fa4_variant *variant = &fa4_variants[index];
+  if (variant->kind != FA4_KERNEL_BWD)
+    return fail(FA4_ERR_WRONG_KIND, "%s is not a backward kernel", variant->name);
+  int32_t status;
+  if ((status = check_tensor("q", q, 4, 2, 1)) || (status = check_tensor("k", k, 4, 2, 1)) ||
+      (status = check_tensor("v", v, 4, 2, 1)) || (status = check_tensor("dout", dout, 4, 2, 1)) ||
+      (status = check_tensor("lse_log2", lse_log2, 3, 4, 1)) || (status = check_tensor("dpsum", dpsum, 3, 4, 1)) ||
+      (status = check_tensor("dq_accum", dq_accum, 4, 4, 1)) || (status = check_tensor("dk", dk, 4, 2, 1)) ||
+      (status = check_tensor("dv", dv, 4, 2, 1)) ||
+      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)) ||
+      (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4, 0)) ||
+      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)))
+    return status;
+  if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
+  int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3];
+  int64_t sk = k->shape[1], hk = k->shape[2], dv_dim = v->shape[3];
+  if (hq % hk != 0 || !same_shape4(v, b, sk, hk, dv_dim) || !same_shape4(k, b, sk, hk, d) ||
+      !same_shape4(dout, b, sq, hq, dv_dim) || !same_shape4(dq_accum, b, sq, hq, d) ||
+      !same_shape4(dk, b, sk, hk, d) || !same_shape4(dv, b, sk, hk, dv_dim))
+    return fail(FA4_ERR_BAD_TENSOR, "shapes disagree: q (b, sq, hq, d), k/dk (b, sk, hk, d), v/dv (b, sk, hk, dv), "
+                "dout (b, sq, hq, dv), dq_accum (b, sq, hq, d), hq a multiple of hk");
+  int32_t varlen = variant->varlen;
+  int64_t num_seqs = varlen ? cu_seqlens_q->shape[0] - 1 : b;
+  int64_t rows = stats_rows(sq, varlen ? num_seqs : -1);
+  if (lse_log2->shape[0] != b || lse_log2->shape[1] != hq || lse_log2->shape[2] < rows ||
+      dpsum->shape[0] != b || dpsum->shape[1] != hq || dpsum->shape[2] < rows)
+    return fail(FA4_ERR_BAD_TENSOR, "lse_log2 and dpsum must be (b, hq, >= %lld) (rows padded in blocks of %d)",
+                (long long)rows, fa4_stats_block_rows);
+  if (params->window_left < 0 || params->window_right < 0 || params->num_n_blocks < 1 ||
+      params->num_n_blocks > (sk + variant->tile_n - 1) / variant->tile_n)
+    return fail(FA4_ERR_BAD_TENSOR, "windows must be >= 0, num_n_blocks in [1, ceil(seqlen_k / %d)]",
+                variant->tile_n);
+  if (varlen && (b != 1 || cu_seqlens_q->shape[0] < 2 || cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
+                 (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0])))
+    return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
+                "seqused_k one entry per sequence");
+  if (num_seqs > 65535 || hk > 65535)
+    return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
+  if ((status = ready_on_current_device(index))) return status;
+
+  int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                             seqused_k, params, (cudaStream_t)stream);
+  if (ret != 0)
+    return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
+  return FA4_OK;
+}
+
+int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
+                           const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                           const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
+                           const fa4_bwd_pre_params *params, void *stream) {
+  if (index < 0 || index >= fa4_variant_count)
+    return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
+  const fa4_variant *variant = &fa4_variants[index];
+  if (variant->kind != FA4_KERNEL_BWD_PRE)
+    return fail(FA4_ERR_WRONG_KIND, "%s is not a backward preprocess", variant->name);
+  int32_t status;
+  if ((status = check_tensor("out", out, 4, 2, 1)) || (status = check_tensor("dout", dout, 4, 2, 1)) ||
+      (status = check_tensor("lse", lse, 3, 4, 0)) || (status = check_tensor("dlse", dlse, 3, 4, 0)) ||
+      (status = check_tensor("lse_log2", lse_log2, 3, 4, 1)) || (status = check_tensor("dpsum", dpsum, 3, 4, 1)) ||
+      (status = check_tensor("dq_accum", dq_accum, 4, 4, 1)) ||
+      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)))
+    return status;
+  if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
+  int64_t b = out->shape[0], sq = out->shape[1], hq = out->shape[2];
+  int32_t varlen = variant->varlen;
+  int64_t num_seqs = varlen ? cu_seqlens_q->shape[0] - 1 : b;
+  int64_t rows = stats_rows(sq, varlen ? num_seqs : -1);
+  if (!same_shape4(dout, b, sq, hq, out->shape[3]) || dq_accum->shape[0] != b || dq_accum->shape[1] != sq ||
+      dq_accum->shape[2] != hq || dq_accum->shape[3] % 4 != 0 ||
+      lse->shape[0] != b || lse->shape[1] != hq || lse->shape[2] != sq ||
+      (params->has_dlse && (dlse->shape[0] != b || dlse->shape[1] != hq || dlse->shape[2] != sq)) ||
+      lse_log2->shape[0] != b || lse_log2->shape[1] != hq || lse_log2->shape[2] < rows ||
+      dpsum->shape[0] != b || dpsum->shape[1] != hq || dpsum->shape[2] < rows)
+    return fail(FA4_ERR_BAD_TENSOR, "shapes disagree: out/dout (b, sq, hq, dv), lse/dlse (b, hq, sq), dq_accum "
+                "(b, sq, hq, d), lse_log2/dpsum (b, hq, >= %lld)", (long long)rows);
+  if (params->num_m_blocks < 1 || params->num_m_blocks > (sq + variant->tile_m - 1) / variant->tile_m + 1)
+    return fail(FA4_ERR_BAD_TENSOR, "num_m_blocks %d out of [1, ceil(seqlen_q / %d) + 1]", params->num_m_blocks,
+                variant->tile_m);
+  if (varlen && (b != 1 || cu_seqlens_q->shape[0] < 2))
+    return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q of length >= 2");
+  if (num_seqs > 65535 || hq > 65535)
+    return fail(FA4_ERR_BAD_TENSOR, "too many sequences or heads for one launch (grid y/z <= 65535)");
+  if ((status = ready_on_current_device(index))) return status;
+  int32_t ret = variant->bwd_pre(out, dout, lse, dlse, lse_log2, dpsum, dq_accum, cu_seqlens_q, params,
+                                 (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -31,6 +31,21 @@ typedef struct {
                               (0: no split; see src/fa4_kernels/tile_scheduler.py, SplitTail) */
 } fa4_fwd_params;
 
+typedef struct {
+  float softmax_scale;
+  float softcap;       /* used by softcap variants */
+  int32_t window_left; /* used by local variants, >= 0 */
+  int32_t window_right;
+  int32_t num_n_blocks;  /* K/V blocks of tile_n keys of the longest sequence: the grid's x */
+  int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
+} fa4_bwd_params;
+
+typedef struct {
+  int32_t has_dlse;     /* 1: dlse holds the gradient flowing into the returned LSE */
+  int32_t zero_dq;      /* 1: zero dq_accum's rows of each sequence */
+  int32_t num_m_blocks; /* query blocks of tile_m rows of the longest sequence: the grid's x */
+} fa4_bwd_pre_params;
+
 enum fa4_status {
   FA4_OK = 0,
   FA4_ERR_BAD_VARIANT = 1,  /* no such variant index */
@@ -39,6 +54,7 @@ enum fa4_status {
   FA4_ERR_MODULE_LOAD = 4,  /* loading the embedded cubin failed */
   FA4_ERR_LAUNCH = 5,       /* the launch returned a CUDA error */
   FA4_ERR_CUDA = 6,         /* another CUDA runtime call failed */
+  FA4_ERR_WRONG_KIND = 7,   /* a forward variant passed to fa4_bwd or the reverse */
 };
 
 int32_t fa4_num_variants(void);
@@ -66,6 +82,29 @@ int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
                 void *stream);
+
+/* The backward's main kernel: dq_accum (b, sq, hq, d) fp32, zero at launch, receives dQ (scaled);
+ * dk (b, sk, hkv, d), dv (b, sk, hkv, dv) are written for every key a sequence uses. dout (b, sq, hq, dv).
+ * lse_log2 and dpsum (b, hq, rows) fp32: LSE * log2(e) (+inf for rows that see no key and for the
+ * padding) and rowsum(dout * out) - dLSE, rows padded as the variant's tile_m requires: dense
+ * rows >= ceil(sq / tile_m) * tile_m; varlen (b = 1) sequence i at row (cu_seqlens_q[i] + i * tile_m)
+ * rounded down to a multiple of tile_m, rows >= (ceil(total_q / tile_m) + n + 1) * tile_m.
+ * Launches on `stream`. */
+int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
+                const fa4_bwd_params *params, void *stream);
+
+/* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims, varlen):
+ * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);
+ * writes lse_log2 and dpsum as fa4_bwd reads them, every statistics block of every sequence's
+ * first max(ceil(seqlen / tile_m), 1) blocks (so num_m_blocks must cover the longest sequence),
+ * and with params->zero_dq zeroes dq_accum (b, sq, hq, d) fp32 on the sequences' rows. */
+int32_t fa4_bwd_preprocess(int32_t variant, const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
+                           const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                           const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
+                           const fa4_bwd_pre_params *params, void *stream);
 
 #ifdef __cplusplus
 }

@@ -15,17 +15,37 @@ typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa
                               const fa4_tensor *seq_order, const fa4_fwd_params *params,
                               cudaStream_t stream);
 
+typedef int32_t (*fa4_bwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                              const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                              const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                              const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                              const fa4_tensor *seqused_k, const fa4_bwd_params *params, cudaStream_t stream);
+
+typedef int32_t (*fa4_bwd_pre_fn)(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
+                                  const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                                  const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
+                                  const fa4_bwd_pre_params *params, cudaStream_t stream);
+
+enum fa4_kernel_kind { FA4_KERNEL_FWD = 0, FA4_KERNEL_BWD = 1, FA4_KERNEL_BWD_PRE = 2 };
+
 typedef struct {
   const char *name;
+  int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre below is set */
   int32_t cc_major, cc_minor;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
-  int32_t tile_m; /* query rows per tile: pack-GQA needs tile_m / pack_gqa a multiple of 8 */
+  int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;
+                     bwd: the padding unit of the LSE/dPsum rows) */
+  int32_t tile_n; /* keys per K/V block (bwd: the grid's x covers ceil(seqlen_k / tile_n)) */
   int32_t split_tail; /* 1: static schedule whose last round may be split (params->tail_ctas) */
   fa4_init_fn init;  /* registers the embedded cubin with the runtime (once per process) */
   fa4_load_fn load;  /* prepares it on one device (once per device) */
   fa4_fwd_fn fwd;
+  fa4_bwd_fn bwd;
+  fa4_bwd_pre_fn bwd_pre;
 } fa4_variant;
 
 extern const fa4_variant fa4_variants[];
 extern const int32_t fa4_variant_count;
+/* The backward statistics' padding unit in rows (fa4_kernels.heuristics.STATS_BLOCK_ROWS). */
+extern const int32_t fa4_stats_block_rows;
 #endif

@@ -40,6 +40,25 @@ class FwdParams(ctypes.Structure):
     ]
 
 
+class BwdParams(ctypes.Structure):
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("num_n_blocks", ctypes.c_int32),
+        ("has_seqused_k", ctypes.c_int32),
+    ]
+
+
+class BwdPreParams(ctypes.Structure):
+    _fields_ = [
+        ("has_dlse", ctypes.c_int32),
+        ("zero_dq", ctypes.c_int32),
+        ("num_m_blocks", ctypes.c_int32),
+    ]
+
+
 class NativeError(RuntimeError):
     pass
 
@@ -78,6 +97,10 @@ def library() -> ctypes.CDLL:
     ptr = ctypes.POINTER(Tensor)
     lib.fa4_fwd.restype = ctypes.c_int32
     lib.fa4_fwd.argtypes = [ctypes.c_int32] + [ptr] * 11 + [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    lib.fa4_bwd.restype = ctypes.c_int32
+    lib.fa4_bwd.argtypes = [ctypes.c_int32] + [ptr] * 12 + [ctypes.POINTER(BwdParams), ctypes.c_void_p]
+    lib.fa4_bwd_preprocess.restype = ctypes.c_int32
+    lib.fa4_bwd_preprocess.argtypes = [ctypes.c_int32] + [ptr] * 8 + [ctypes.POINTER(BwdPreParams), ctypes.c_void_p]
     lib.fa4_split_workspace.restype = ctypes.c_int32
     words = ctypes.POINTER(ctypes.c_int64)
     lib.fa4_split_workspace.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, words, words]
@@ -144,6 +167,35 @@ def fwd(name: str, q, k, v, out, lse, semaphores, partials, cu_seqlens_q, cu_seq
     )
     if status != 0:
         raise NativeError(f"fa4 forward kernel: {lib.fa4_last_error().decode()}")
+
+
+def bwd(name: str, q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k,
+        softmax_scale: float, softcap: float, window_left: int, window_right: int, num_n_blocks: int,
+        has_seqused_k: bool, stream: int) -> None:
+    """Launch one compiled backward (see csrc_shims/fa4_shim.h, fa4_bwd, for the argument rules)."""
+    lib = library()
+    params = BwdParams(softmax_scale, softcap, window_left, window_right, num_n_blocks, int(has_seqused_k))
+    status = lib.fa4_bwd(
+        _index(name), as_native(q), as_native(k), as_native(v), as_native(dout), as_native(lse_log2),
+        as_native(dpsum), as_native(dq_accum), as_native(dk), as_native(dv), as_native(cu_seqlens_q),
+        as_native(cu_seqlens_k), as_native(seqused_k), ctypes.byref(params), ctypes.c_void_p(stream),
+    )
+    if status != 0:
+        raise NativeError(f"fa4 backward kernel: {lib.fa4_last_error().decode()}")
+
+
+def bwd_preprocess(name: str, out, dout, lse, dlse, lse_log2, dpsum, dq_accum, cu_seqlens_q, has_dlse: bool,
+                   zero_dq: bool, num_m_blocks: int, stream: int) -> None:
+    """Launch one compiled backward preprocess (csrc_shims/fa4_shim.h, fa4_bwd_preprocess)."""
+    lib = library()
+    params = BwdPreParams(int(has_dlse), int(zero_dq), num_m_blocks)
+    status = lib.fa4_bwd_preprocess(
+        _index(name), as_native(out), as_native(dout), as_native(lse), as_native(dlse), as_native(lse_log2),
+        as_native(dpsum), as_native(dq_accum), as_native(cu_seqlens_q), ctypes.byref(params),
+        ctypes.c_void_p(stream),
+    )
+    if status != 0:
+        raise NativeError(f"fa4 backward preprocess: {lib.fa4_last_error().decode()}")
 
 
 def available() -> bool:

@@ -1,8 +1,9 @@
-"""Forward benchmark: fa4 vs cuDNN and FA2 (through SDPA) and optionally FlexAttention, same run.
+"""Benchmark: fa4 vs cuDNN and FA2 (through SDPA) and optionally FlexAttention, same run.
 
     python -m fa4.bench                       # FlashAttention-3 paper setup, head_dim 64 and 128
     python -m fa4.bench --head-dims 128 --seqlens 4096 16384 --flex
     python -m fa4.bench --head-dims 192x128      # head_dim 192 for q/k, 128 for v
+    python -m fa4.bench --backward            # forward + backward steps and the backward alone
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -155,6 +156,74 @@ def providers(causal: bool, flex: bool, fa3: bool = False):
     return out
 
 
+def backward_providers(causal: bool, names):
+    """{name: {"fwd+bwd": fn, "bwd": fn}} for the forward providers in ``names``: a training step
+    (forward, then the gradients of q, k, v for a given dout), and the backward alone (the
+    gradients through a forward graph built once per input set and kept)."""
+    forward = {name: fn for name, fn in providers(causal, False).items() if name in names}
+    fa4_fwd = forward.get("fa4")
+    if fa4_fwd is not None:  # (B, H, S, Dv) like SDPA's, so one dout serves every provider
+        forward["fa4"] = lambda q, k, v: fa4_fwd(q, k, v).transpose(1, 2)
+    out = {}
+    for name, fn in forward.items():
+        def step(q, k, v, dout, fn=fn):
+            return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+
+        graphs = {}
+
+        def bwd_only(q, k, v, dout, fn=fn, graphs=graphs):
+            if id(q) not in graphs:
+                graphs[id(q)] = fn(q, k, v)
+            return torch.autograd.grad(graphs[id(q)], (q, k, v), dout, retain_graph=True)
+        out[name] = {"fwd+bwd": step, "bwd": bwd_only}
+    return out
+
+
+def bench_backward(args, dtype) -> list:
+    """Forward + backward steps (FLOPs: 3.5x the forward's) and the backward alone (2.5x), every
+    provider on its own inputs; rows for the summary table."""
+    names = [n for n in args.providers.split(",") if n in ("fa4", "cuDNN", "FA2")]
+    rows = []
+    print("\nbackward: TFLOP/s of forward + backward steps (3.5x forward FLOPs) and of the backward alone (2.5x)")
+    for head_dim, head_dim_v in args.head_dims:
+        heads = args.hidden // head_dim
+        label = head_dim_label(head_dim, head_dim_v)
+        for causal in {"both": [False, True], "yes": [True], "no": [False]}[args.causal]:
+            for seqlen in args.seqlens:
+                batch = max(1, args.tokens // seqlen)
+                flops = attention_flops(batch, heads, seqlen, head_dim, head_dim_v, causal)
+
+                def make():
+                    sets = make_inputs(batch, seqlen, heads, head_dim, dtype, 3, args.layout, head_dim_v)
+                    grads = [tuple(t.detach().requires_grad_() for t in qkv) for qkv in sets]
+                    return [(*qkv, torch.randn(batch, seqlen, heads, head_dim_v, device="cuda",
+                                               dtype=dtype).transpose(1, 2)) for qkv in grads]
+                cells, result = [], {}
+                fns = backward_providers(causal, names)
+                for kind, factor in (("fwd+bwd", 3.5), ("bwd", 2.5)):
+                    timed = time_providers({n: f[kind] for n, f in fns.items()}, make, factor * flops, args,
+                                           f"hd={label} s={seqlen} {kind}")
+                    result[kind] = {n: r[0] for n, r in timed.items()}
+                    cells.append(f"{kind}: " + "  ".join(f"{n} {r[0]:6.1f}" for n, r in timed.items()))
+                ratio = (result["fwd+bwd"].get("fa4", float("nan")) / result["fwd+bwd"]["cuDNN"]
+                         if "cuDNN" in result["fwd+bwd"] else float("nan"))
+                print(f"hd={label:>3s} seqlen={seqlen:5d} causal={int(causal)}  " + "  |  ".join(cells)
+                      + f"  fa4/cuDNN fwd+bwd {ratio:.3f}", flush=True)
+                rows.append((label, seqlen, causal, result))
+    names_done = list(rows[0][3]["fwd+bwd"]) if rows else []
+    peers = [n for n in names_done if n != "fa4"]
+    header = ("| head_dim | seqlen | causal | " + " | ".join(f"{n} fwd+bwd" for n in names_done)
+              + " | " + " | ".join(f"{n} bwd" for n in names_done) + "".join(f" | fa4/{p}" for p in peers) + " |")
+    print("\n" + header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for label, seqlen, causal, r in rows:
+        fb, b = r["fwd+bwd"], r["bwd"]
+        print(f"| {label} | {seqlen} | {'yes' if causal else 'no'} | " + " | ".join(f"{fb[n]:.0f}" for n in names_done)
+              + " | " + " | ".join(f"{b[n]:.0f}" for n in names_done)
+              + "".join(f" | {fb['fa4'] / fb[p]:.3f}" for p in peers if "fa4" in fb) + " |")
+    return rows
+
+
 def bench_varlen(args, dtype) -> None:
     """Packed documents (random lengths summing to --tokens) against dense causal batches of the
     same total tokens and head shape. TFLOP/s count only useful FLOPs (within documents)."""
@@ -268,6 +337,8 @@ def main(argv=None):
                     help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")
     ap.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
+    ap.add_argument("--backward", action="store_true",
+                    help="time forward + backward steps and the backward alone instead of the forward")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("fa4.bench needs a CUDA GPU")
@@ -281,6 +352,9 @@ def main(argv=None):
     print(f"{args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, {args.layout} storage; "
           f"TFLOP/s (median of {args.rounds} x {args.iters} samples of 5 back-to-back calls, "
           f"providers rotated between rounds)")
+    if args.backward:
+        bench_backward(args, dtype)
+        return
     if args.fa3_lib:
         from fa4 import bench_fa3
 

@@ -63,13 +63,14 @@ def manifest_key(variant: dict) -> tuple:
     """Lookup key of one compiled variant as the build's manifest describes it; the variants of
     one key differ only in their tile family (``variant["tiles"]``, see ``tile_family``)."""
     return (variant["arch"], variant["dtype"], variant["head_dim"], variant["head_dim_v"], variant["mask"],
-            variant["softcap"], variant.get("varlen", False))
+            variant["softcap"], variant.get("varlen", False), variant.get("kernel", "fwd"))
 
 
 def call_key(capability, dtype: str, head_dim: int, head_dim_v: int, mask: str, softcap: bool,
-             varlen: bool = False) -> tuple:
-    """Lookup key of the variants a call can use (matches ``manifest_key``)."""
-    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen)
+             varlen: bool = False, kernel: str = "fwd") -> tuple:
+    """Lookup key of the variants a call can use (matches ``manifest_key``); ``kernel`` "fwd" or
+    "bwd"."""
+    return (arch_name(capability), dtype, head_dim, head_dim_v, mask, softcap, varlen, kernel)
 
 
 def select_variant(variants: list[dict], capability, dtype: str, head_dim: int, head_dim_v: int,
@@ -129,9 +130,10 @@ def tile_family(seqlen_q: int, seqlen_k: int, packed: int, tile_m: int, built: d
     return "regular"
 
 
-def supported_head_dims(variants: list[dict], capability) -> list[tuple[int, int]]:
+def supported_head_dims(variants: list[dict], capability, kernel: str = "fwd") -> list[tuple[int, int]]:
     arch = arch_name(capability)
-    return sorted({(v["head_dim"], v["head_dim_v"]) for v in variants if v["arch"] == arch})
+    return sorted({(v["head_dim"], v["head_dim_v"]) for v in variants
+                   if v["arch"] == arch and v.get("kernel", "fwd") == kernel})
 
 
 def l2_swizzle_budget(l2_bytes: int, mask: str) -> int:

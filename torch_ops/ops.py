@@ -2,8 +2,8 @@
 
 ``fa4::fwd``  (q, k, v, ...) -> (out, lse): CUDA runs the AOT-compiled kernels, CPU the chunked
               torch reference.
-``fa4::bwd``  (dout, q, k, v, out, lse, dlse, ...) -> (dq, dk, dv): chunked recomputation in plain
-              torch ops on every device until the backward kernel lands.
+``fa4::bwd``  (dout, q, k, v, out, lse, dlse, ...) -> (dq, dk, dv): CUDA runs the AOT-compiled
+              backward (``fa4.backward``), CPU the chunked torch recomputation.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from fa4 import _native, heuristics, reference, settings
+from fa4 import _native, backward, heuristics, reference, settings
 from fa4.validation import check_pack_gqa, check_qkv, check_scalars
 
 _MASK_ARGS = "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
@@ -160,7 +160,7 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
     if varlen is None:
         mask = heuristics.effective_mask(mask, q.shape[1], k.shape[1])
     key = heuristics.call_key(capability, heuristics.DTYPE_NAMES[str(q.dtype)], q.shape[3], v.shape[3],
-                              mask.kind, softcap > 0.0, varlen is not None)
+                              mask.kind, softcap > 0.0, varlen is not None, kernel="fwd")
     families = _variant_table().get(key, {})
     variant = families.get("regular")
     if variant is None:
@@ -240,14 +240,41 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _bwd_any_device(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1,
-                    window_right=-1, softcap=0.0):
+@torch.library.impl("fa4::bwd", "CPU")
+def _bwd_cpu(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1, window_right=-1,
+             softcap=0.0):
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
     return reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, mask)
 
 
-torch.library.impl("fa4::bwd", "CPU")(_bwd_any_device)
-torch.library.impl("fa4::bwd", "CUDA")(_bwd_any_device)
+def _bwd_variants(q, v, mask, softcap, varlen: bool) -> tuple[dict, dict]:
+    """The compiled backward preprocess and main kernel for a call, or a NotImplementedError
+    saying what to use."""
+    if not _native.available():
+        raise RuntimeError(
+            "fa4's CUDA kernels are unavailable (FA4_DISABLE_NATIVE=1 or the package was not built); "
+            "move the tensors to the CPU for the reference implementation."
+        )
+    capability = _device_facts(q.device.index)[0]
+    dtype, dims = heuristics.DTYPE_NAMES[str(q.dtype)], (q.shape[-1], v.shape[-1])
+    main = _variant_table().get(
+        heuristics.call_key(capability, dtype, *dims, mask.kind, softcap > 0.0, varlen, kernel="bwd"), {})
+    pre = _variant_table().get(heuristics.call_key(capability, dtype, *dims, "none", False, varlen, kernel="bwd_pre"),
+                               {})
+    if "regular" not in main or "regular" not in pre:
+        raise backward.unsupported(q, v, mask, softcap, capability)
+    return pre["regular"], main["regular"]
+
+
+@torch.library.impl("fa4::bwd", "CUDA")
+def _bwd_cuda(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1, window_right=-1,
+              softcap=0.0):
+    mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1]) == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    mask = heuristics.effective_mask(mask, q.shape[1], k.shape[1])  # as the forward ran
+    variants = _bwd_variants(q, v, mask, softcap, varlen=False)
+    return backward.run_backward(variants, dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap)
 
 
 # ------------------------------------------------------------------------------ autograd

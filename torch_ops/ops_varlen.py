@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import heuristics, reference
-from fa4.ops import _MASK_ARGS, _run_kernel
+from fa4 import backward, heuristics, reference
+from fa4.ops import _MASK_ARGS, _bwd_variants, _run_kernel
 from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets
 
 torch.library.define(
@@ -92,8 +92,9 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _bwd_any_device(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+@torch.library.impl("fa4::bwd_varlen", "CPU")
+def _bwd_cpu(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+             softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
     """Per-sequence chunked recomputation in torch ops (reads the offsets on the host)."""
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     causal, window_left, window_right, softcap)
@@ -106,8 +107,18 @@ def _bwd_any_device(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, s
     return dq, dk, dv
 
 
-torch.library.impl("fa4::bwd_varlen", "CPU")(_bwd_any_device)
-torch.library.impl("fa4::bwd_varlen", "CUDA")(_bwd_any_device)
+@torch.library.impl("fa4::bwd_varlen", "CUDA")
+def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    causal, window_left, window_right, softcap)
+    if min(q.shape[0], q.shape[1], k.shape[0]) == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    variants = _bwd_variants(q, v, mask, softcap, varlen=True)
+    dq, dk, dv = backward.run_backward(
+        variants, dout[None], q[None], k[None], v[None], out[None], lse[None], None if dlse is None else dlse[None],
+        mask, softmax_scale, softcap, varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k))
+    return dq[0], dk[0], dv[0]
 
 
 def _setup_context(ctx, inputs, output):

@@ -52,18 +52,26 @@ def dsl_version() -> str:
     return importlib.metadata.version("nvidia-cutlass-dsl")
 
 
-def source_digest() -> str:
+# Kernel files only one kind of kernel imports: an edit to one leaves the other kinds' objects cached.
+KERNEL_ONLY_SOURCES = {"sm90/fwd.py": "fwd", "sm90/bwd.py": "bwd", "sm90/bwd_preprocess.py": "bwd_pre"}
+
+
+def source_digest(kernel: str) -> str:
+    """Hash of the sources a ``kernel`` kind's objects are built from: every module of the
+    kernel package but the build driver, the catalog and the heuristics (they shape code only
+    through the key and config, hashed per variant) and other kinds' own kernel files."""
     h = hashlib.sha256()
     for path in sorted(KERNEL_DIR.rglob("*.py")):
-        if path.name in ("aot.py", "catalog.py", "heuristics.py"):
-            continue  # these shape code only through the key and config, hashed per variant
-        h.update(str(path.relative_to(KERNEL_DIR)).encode())
+        rel = path.relative_to(KERNEL_DIR).as_posix()
+        if path.name in ("aot.py", "catalog.py", "heuristics.py") or KERNEL_ONLY_SOURCES.get(rel, kernel) != kernel:
+            continue
+        h.update(rel.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
 def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
-    cfg = heuristics.fwd_config(key)
+    cfg = heuristics.kernel_config(key)
     mode = env_settings()["diag_stamps"]
     diag = ["diag_stamps"] + ([] if mode == "all" else [mode]) if mode else []
     blob = json.dumps([key.as_dict(), asdict(cfg), sources, version] + diag, sort_keys=True)
@@ -73,17 +81,55 @@ def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
 # ------------------------------------------------------------------------------ compile
 def compile_variant(name: str, out_dir: Path) -> None:
     """Compile one variant in this process (CUTE_DSL_ARCH must already match its arch)."""
+    key = next(v for v in catalog.all_variants((os.environ["CUTE_DSL_ARCH"],)) if v.name == name)
+    compiled = {"fwd": _compile_fwd, "bwd": _compile_bwd, "bwd_pre": _compile_bwd_pre}[key.kernel](key)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        compiled.export_to_c(tmp, name, function_prefix=name)
+        for ext in (".h", ".o"):
+            os.replace(Path(tmp) / f"{name}{ext}", out_dir / f"{name}{ext}")
+
+
+def _fake_inputs(key: catalog.VariantKey):
+    """Fake-tensor constructors for cute.compile: (dtype, bshd, vector, stats)."""
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int32
+    from cutlass import Float32
     from cutlass.cute.runtime import make_fake_tensor
+
+    dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[key.dtype]
+
+    def bshd(dim, element=dtype):
+        # (batch, seqlen, heads, dim): every size dynamic but dim; strides dynamic, 16-byte
+        # multiples (a TMA rule the runtime checks), last dim contiguous.
+        per_16_bytes = 128 // element.width
+        stride = tuple(cute.sym_int64(divisibility=per_16_bytes) for _ in range(3)) + (1,)
+        shape = tuple(cute.sym_int() for _ in range(3)) + (dim,)
+        return make_fake_tensor(element, shape, stride=stride, assumed_align=16)
+
+    def vector(element=cutlass.Int32, align=4):
+        return make_fake_tensor(element, (cute.sym_int(),), stride=(1,), assumed_align=align)
+
+    def stats(divisibility=1, align=4):
+        # (batch, heads, rows) fp32, rows contiguous.
+        return make_fake_tensor(
+            Float32, tuple(cute.sym_int() for _ in range(3)),
+            stride=(cute.sym_int64(divisibility=divisibility), cute.sym_int64(divisibility=divisibility), 1),
+            assumed_align=align,
+        )
+
+    return dtype, bshd, vector, stats
+
+
+def _compile_fwd(key: catalog.VariantKey):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
     from cutlass.runtime import make_fake_stream
 
     from fa4_kernels.sm90.fwd import FlashAttentionForwardSm90
 
-    key = next(v for v in catalog.all_variants((os.environ["CUTE_DSL_ARCH"],)) if v.name == name)
     cfg = heuristics.fwd_config(key)
-    dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[key.dtype]
+    dtype, bshd, vector, stats = _fake_inputs(key)
     kernel = FlashAttentionForwardSm90(
         dtype, key.head_dim, key.head_dim_v,
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
@@ -95,33 +141,37 @@ def compile_variant(name: str, out_dir: Path) -> None:
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile,
         stamps=env_settings()["diag_stamps"],
     )
-
-    def bshd(dim):
-        # (batch, seqlen, heads, dim): every size dynamic but dim; strides dynamic, 16-byte
-        # multiples (a TMA rule the runtime checks), last dim contiguous.
-        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        shape = tuple(cute.sym_int() for _ in range(3)) + (dim,)
-        return make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
-
-    lse = make_fake_tensor(
-        Float32, tuple(cute.sym_int() for _ in range(3)), stride=(cute.sym_int64(), cute.sym_int64(), 1),
-        assumed_align=4,
-    )
-    def vector(dtype=cutlass.Int32, align=4):
-        return make_fake_tensor(dtype, (cute.sym_int(),), stride=(1,), assumed_align=align)
-
     semaphores, partials = vector(align=16), vector(Float32, 16)
-    compiled = cute.compile(
-        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse,
+    return cute.compile(
+        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), stats(),
         semaphores, partials, vector(), vector(), vector(), vector(),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
         Int32(0), make_fake_stream(),
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        compiled.export_to_c(tmp, name, function_prefix=name)
-        for ext in (".h", ".o"):
-            os.replace(Path(tmp) / f"{name}{ext}", out_dir / f"{name}{ext}")
+
+
+def _compile_bwd(key: catalog.VariantKey):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+    from cutlass.runtime import make_fake_stream
+
+    from fa4_kernels.sm90.bwd import FlashAttentionBackwardSm90
+
+    cfg = heuristics.bwd_config(key)
+    dtype, bshd, vector, stats = _fake_inputs(key)
+    kernel = FlashAttentionBackwardSm90(
+        dtype, key.head_dim, key.head_dim_v,
+        is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
+        tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
+        stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen,
+    )
+    # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
+    lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)
+    return cute.compile(
+        kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
+        bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
+        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), make_fake_stream(),
+    )
 
 
 def _progress(done: int, total: int, label: str) -> None:
@@ -135,10 +185,10 @@ def _progress(done: int, total: int, label: str) -> None:
 
 def build_objects(variants, out_root: Path, jobs: int) -> dict:
     """Compile what is not cached; return {variant name: object dir}."""
-    sources, version = source_digest(), dsl_version()
+    sources, version = {kind: source_digest(kind) for kind in catalog.KERNELS}, dsl_version()
     plan, results = [], {}
     for key in variants:
-        obj_dir = out_root / key.arch / f"{key.name}-{variant_digest(key, sources, version)}"
+        obj_dir = out_root / key.arch / f"{key.name}-{variant_digest(key, sources[key.kernel], version)}"
         results[key.name] = obj_dir
         for stale in obj_dir.parent.glob(f"{key.name}-*"):  # older builds of this variant
             if stale != obj_dir:
@@ -177,16 +227,42 @@ _STRUCT_RE = re.compile(
 )
 
 
-def _tensor_fill(name: str, header: str) -> str:
+def _compile_bwd_pre(key: catalog.VariantKey):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+    from cutlass.runtime import make_fake_stream
+
+    from fa4_kernels.sm90.bwd_preprocess import BackwardPreprocessSm90
+
+    cfg = heuristics.bwd_pre_config(key)
+    dtype, bshd, vector, stats = _fake_inputs(key)
+    kernel = BackwardPreprocessSm90(dtype, key.head_dim, key.head_dim_v, cfg.tile_m, key.varlen)
+    return cute.compile(
+        kernel, bshd(key.head_dim_v), bshd(key.head_dim_v), stats(), stats(),
+        stats(divisibility=4, align=16), stats(divisibility=4, align=16), bshd(key.head_dim, Float32), vector(),
+        Int32(0), Int32(0), Int32(1), make_fake_stream(),
+    )
+
+
+# The kernels' tensor parameters -> the C wrapper's fa4_tensor arguments, per kernel kind.
+TENSOR_ARGS = {
+    "fwd": {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
+            "mPartials": "partials", "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k",
+            "mSeqUsedK": "seqused_k", "mSeqOrder": "seq_order"},
+    "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
+            "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
+            "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k"},
+    "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
+                "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mCuSeqlensQ": "cu_seqlens_q"},
+}
+
+
+def _tensor_fill(name: str, header: str, args: dict) -> str:
     """C that converts our fa4_tensor arguments into the variant's generated structs.
 
     The fake tensors make the leading sizes and strides dynamic and the trailing ones static,
     so the generated struct holds exactly the leading n sizes and m strides.
     """
-    args = {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
-            "mPartials": "partials",
-            "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k",
-            "mSeqOrder": "seq_order"}
     lines = []
     found = {m.group(4): (int(m.group(1) or 0), int(m.group(2) or 0)) for m in _STRUCT_RE.finditer(header)}
     if set(found) != set(args):
@@ -198,6 +274,47 @@ def _tensor_fill(name: str, header: str) -> str:
         lines += [f"  t_{src}.dynamic_shapes[{i}] = (int32_t){src}->shape[{i}];" for i in range(n_shape)]
         lines += [f"  t_{src}.dynamic_strides[{i}] = {src}->stride[{i}];" for i in range(n_stride)]
     return "\n".join(lines)
+
+
+def _launch_fn(key: catalog.VariantKey, header: str) -> str:
+    """C of the variant's launch function, by kernel kind (signatures: fa4_variant_table.h)."""
+    n = key.name
+    fill = _tensor_fill(n, header, TENSOR_ARGS[key.kernel])
+    if key.kernel == "bwd_pre":
+        return f"""
+static int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
+                           const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                           const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
+                           const fa4_bwd_pre_params *p, cudaStream_t stream) {{
+{fill}
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_out, &t_dout, &t_lse, &t_dlse, &t_lse_log2, &t_dpsum, &t_dq_accum,
+                              &t_cu_seqlens_q, p->has_dlse, p->zero_dq, p->num_m_blocks, stream);
+}}"""
+    if key.kernel == "bwd":
+        return f"""
+static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v, const fa4_tensor *dout,
+                       const fa4_tensor *lse_log2, const fa4_tensor *dpsum, const fa4_tensor *dq_accum,
+                       const fa4_tensor *dk, const fa4_tensor *dv, const fa4_tensor *cu_seqlens_q,
+                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k, const fa4_bwd_params *p,
+                       cudaStream_t stream) {{
+{fill}
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_dout, &t_lse_log2, &t_dpsum, &t_dq_accum, &t_dk,
+                              &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, p->softmax_scale, p->softcap,
+                              p->window_left, p->window_right, p->num_n_blocks, p->has_seqused_k, stream);
+}}"""
+    return f"""
+static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
+                       const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
+                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
+                       const fa4_tensor *seq_order, const fa4_fwd_params *p, cudaStream_t stream) {{
+{fill}
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
+                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, p->softmax_scale,
+                              p->softcap, p->window_left, p->window_right,
+                              p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
+                              p->pack_gqa, p->tail_ctas, stream);
+}}"""
 
 
 def generate_table(entries) -> str:
@@ -224,26 +341,20 @@ static int32_t {n}_load(int32_t device) {{
   struct {{ cudaLibrary_t **library; int32_t *device; cudaError_t *ret; }} args = {{&library, &device, &ret}};
   _mlir_{n}_cuda_load_to_device((void **)&args);
   return (int32_t)ret;
-}}
-static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
-                       const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
-                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                       const fa4_tensor *seq_order, const fa4_fwd_params *p, cudaStream_t stream) {{
-{_tensor_fill(n, header)}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
-                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, p->softmax_scale,
-                              p->softcap, p->window_left, p->window_right,
-                              p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
-                              p->pack_gqa, p->tail_ctas, stream);
 }}""")
-        cfg = heuristics.fwd_config(key)
-        rows.append(f'  {{"{n}", {major}, {minor}, {int(key.varlen)}, {cfg.tile_m}, {int(cfg.split_tail)}, '
-                    f'{n}_init, {n}_load, {n}_fwd}},')
+        out.append(_launch_fn(key, header))
+        cfg = heuristics.kernel_config(key)
+        split_tail = int(getattr(cfg, "split_tail", False))
+        launch = {"fwd": f"{n}_fwd, NULL, NULL", "bwd": f"NULL, {n}_bwd, NULL",
+                  "bwd_pre": f"NULL, NULL, {n}_bwd_pre"}[key.kernel]
+        kind = {"fwd": "FA4_KERNEL_FWD", "bwd": "FA4_KERNEL_BWD", "bwd_pre": "FA4_KERNEL_BWD_PRE"}[key.kernel]
+        rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {int(key.varlen)}, {cfg.tile_m}, '
+                    f'{getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows
     out.append("};")
     out.append(f"const int32_t fa4_variant_count = {len(rows)};")
+    out.append(f"const int32_t fa4_stats_block_rows = {heuristics.STATS_BLOCK_ROWS};")
     out.append(f"_Static_assert({len(rows)} <= FA4_MAX_VARIANTS, \"raise FA4_MAX_VARIANTS\");")
     return "\n".join(out) + "\n"
 
@@ -295,7 +406,7 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
         "dsl_version": dsl_version(),
         "archs": list(archs),
         "filter": pattern,
-        "variants": [dict(key.as_dict(), name=key.name, **asdict(heuristics.fwd_config(key)))
+        "variants": [dict(key.as_dict(), name=key.name, **asdict(heuristics.kernel_config(key)))
                      for key, _ in entries],
     }
     tmp_manifest = lib_dir / f".{MANIFEST_NAME}.tmp"

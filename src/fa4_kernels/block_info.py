@@ -69,6 +69,44 @@ class BlockInfo:
         last_row_left = (m_block + 1) * self.block_rows - 1 + seqlen_k - seqlen_q - self.window_left
         return cutlass.max(n_block_min, cute.ceil_div(cutlass.max(last_row_left, 0), self.tile_n))
 
+    # ----------------------------------------------------------------- backward: K/V-block view
+    # A backward CTA owns K/V block n_block and walks query blocks of block_rows rows.
+    def m_block_range(self, seqlen_q, seqlen_k, n_block):
+        """[m_block_min, m_block_max) of query blocks with a row that sees a key of K/V block
+        n_block. Never empty, as n_block_range: a block whose keys no row sees still visits
+        query block m_block_min, fully masked, so its dK and dV come out as zeros."""
+        m_block_max = cute.ceil_div(seqlen_q, self.block_rows)
+        offset = seqlen_k - seqlen_q
+        m_block_min = Int32(0)
+        if const_expr(self.is_causal or self.is_local):
+            # Key j is seen from row j - offset - window_right on.
+            first_row = n_block * self.tile_n - offset
+            if const_expr(self.is_local):
+                first_row = first_row - self.window_right
+            m_block_min = cutlass.max(first_row, 0) // self.block_rows
+        if const_expr(self.is_local):
+            # ... and up to row j - offset + window_left.
+            rows_end = (n_block + 1) * self.tile_n - offset + self.window_left
+            m_block_max = cutlass.min(m_block_max, cute.ceil_div(cutlass.max(rows_end, 0), self.block_rows))
+        m_block_max = cutlass.max(m_block_max, 1)
+        m_block_min = cutlass.min(m_block_min, m_block_max - 1)
+        return m_block_min, m_block_max
+
+    def m_block_min_no_right_mask(self, seqlen_q, seqlen_k, n_block, m_block_max):
+        """Query blocks below this one may hold rows that must not see some key of K/V block
+        n_block (causal/local right edge): from it on, every row sees every key of the block."""
+        last_key = cutlass.min((n_block + 1) * self.tile_n, seqlen_k) - 1
+        bound = last_key - (seqlen_k - seqlen_q)
+        if const_expr(self.is_local):
+            bound = bound - self.window_right
+        return cutlass.min(cute.ceil_div(cutlass.max(bound, 0), self.block_rows), m_block_max)
+
+    def m_block_max_no_left_mask(self, seqlen_q, seqlen_k, n_block, m_block_min):
+        """Query blocks at or above this one may hold rows whose window starts after some key of
+        K/V block n_block (local left edge); below it every row sees every key of the block."""
+        rows_end = n_block * self.tile_n - (seqlen_k - seqlen_q) + self.window_left + 1
+        return cutlass.max(cutlass.max(rows_end, 0) // self.block_rows, m_block_min)
+
 
 @dataclass(frozen=True)
 class TileRows:

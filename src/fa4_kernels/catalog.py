@@ -14,6 +14,11 @@ DTYPES = ("bf16", "fp16")
 # (head_dim, head_dim_v): the FlashAttention-3 set, plus DeepSeek-style (192, 128).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 MASKS = ("none", "causal", "local")
+# Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV) and its preprocess (the row
+# statistics it reads; the postprocess, dQ's conversion to the input dtype, is one torch op).
+KERNELS = ("fwd", "bwd", "bwd_pre")
+# (head_dim, head_dim_v) with a backward kernel so far; the rest raise a clear error on CUDA.
+BWD_HEAD_DIMS = ((64, 64), (128, 128))
 
 
 @dataclass(frozen=True, order=True)
@@ -31,6 +36,7 @@ class VariantKey:
     # 64 rows skip 64-key blocks of their own), "long" (hd128, no mask: three consumer
     # warpgroups, faster K/V steps that pay for their costlier tile boundaries only on long keys).
     tiles: str = "regular"
+    kernel: str = "fwd"  # KERNELS
 
     @property
     def name(self) -> str:
@@ -38,7 +44,8 @@ class VariantKey:
         sc = "_softcap" if self.softcap else ""
         vl = "_varlen" if self.varlen else ""
         tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
-        return f"fa4_fwd_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}{sc}{vl}{tl}"
+        return (f"fa4_{self.kernel}_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}"
+                f"{sc}{vl}{tl}")
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -69,12 +76,24 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
         for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
             archs, DTYPES, dims, TILE_FAMILY_MASKS[tiles], (False, True))
     ]
-    return regular + extra
+    backward = [
+        VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")
+        for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
+            archs, DTYPES, BWD_HEAD_DIMS, MASKS, (False, True), (False, True)
+        )
+    ]
+    # The preprocess depends on no mask or softcap: one per backward (dtype, head dims, varlen).
+    preprocess = [
+        VariantKey(arch, dtype, hd, hdv, "none", False, varlen, kernel="bwd_pre")
+        for arch, dtype, (hd, hdv), varlen in itertools.product(archs, DTYPES, BWD_HEAD_DIMS, (False, True))
+    ]
+    return regular + extra + backward + preprocess
 
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:
-    """Keep variants whose name contains every comma-separated fragment of ``pattern``."""
+    """Keep variants whose name contains every comma-separated fragment of ``pattern``, or of one
+    of its ``|``-separated alternatives ("bwd,d128|fwd,d128x128_causal")."""
     if not pattern:
         return list(variants)
-    parts = [p.strip() for p in pattern.split(",") if p.strip()]
-    return [v for v in variants if all(p in v.name for p in parts)]
+    alternatives = [[p.strip() for p in alt.split(",") if p.strip()] for alt in pattern.split("|")]
+    return [v for v in variants if any(all(p in v.name for p in parts) for parts in alternatives if parts)]

@@ -150,6 +150,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # (head_dim_v / 2): both must fit the 240-register consumer budget with the softmax state,
     # and two K/V stages must fit shared memory. Values follow FlashAttention-3's
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
+    assert key.kernel == "fwd", "fwd_config configures the forward kernel"
     assert key.tiles == "regular" or not key.varlen, "tile families are dense"
     assert key.tiles != "long" or key.mask != "local", "long-sequence tiles: no mask or causal"
     assert key.tiles != "short" or key.mask != "local", "short-sequence tiles: no mask or causal"
@@ -233,3 +234,66 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """The backward kernel's shape (sm90/bwd.py): tile_n keys per CTA (64 per consumer
+    warpgroup), query blocks of tile_m rows, num_stages-deep Q/dO rings, and how the two
+    consumer warpgroups share the dQ GEMM (bwd.DQ_SPLITS). FlashAttention-3's Hopper shapes
+    for these head dims (hopper/flash_bwd_launch_template.h): hd64 128 x 128 with dQ split by
+    rows; hd128 64 x 128 with dQ split by columns. Registers per consumer thread, hd128: dK and
+    dV 64 each, S^T and dP^T 32 each, dQ 32 (of 240)."""
+    tile_m: int
+    tile_n: int
+    num_stages: int
+    dq_split: str
+
+    def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
+        kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
+        ds = self.num_stages * self.tile_m * self.tile_n * elem_bytes
+        dq = self.tile_m * head_dim * 4
+        stats = 2 * self.num_stages * self.tile_m * 4
+        return q_do + kv + ds + dq + stats + SMEM_RESERVED
+
+
+def bwd_config(key: VariantKey) -> BwdConfig:
+    assert key.kernel == "bwd" and key.tiles == "regular"
+    if key.head_dim <= 64 and key.softcap:
+        # With softcap the probabilities and dS come out of one pass after both GEMMs (tanh is
+        # recomputed there): with 128-query blocks its 64 S^T and 64 dP^T registers beside the
+        # LSE/dPsum of 32 columns spilled 2-29 registers; 64-query blocks (dQ by one warpgroup,
+        # as 32-column halves do not fit K's 128-byte swizzle) do not spill.
+        cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="single")
+    elif key.head_dim <= 64:
+        cfg = BwdConfig(tile_m=128, tile_n=128, num_stages=2, dq_split="rows")
+    elif key.head_dim <= 128:
+        cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="cols")
+    else:
+        raise ValueError(f"no backward kernel for head_dim {key.head_dim} yet")
+    assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
+    assert STATS_BLOCK_ROWS % cfg.tile_m == 0
+    return cfg
+
+
+# The backward's row statistics (LSE, dPsum) are padded in blocks of this many rows, a multiple of
+# every backward query block (packed sequences start on a block: sm90/bwd.py, stats_offset). The
+# preprocess writes one such block per CTA. Generated into the native variant table too.
+STATS_BLOCK_ROWS = 128
+
+
+@dataclass(frozen=True)
+class BwdPreConfig:
+    """The backward preprocess's blocks: STATS_BLOCK_ROWS rows of one head per CTA."""
+    tile_m: int = STATS_BLOCK_ROWS
+
+
+def bwd_pre_config(key: VariantKey) -> BwdPreConfig:
+    assert key.kernel == "bwd_pre"
+    return BwdPreConfig()
+
+
+def kernel_config(key: VariantKey):
+    """The config of any variant, by its kernel kind."""
+    return {"fwd": fwd_config, "bwd": bwd_config, "bwd_pre": bwd_pre_config}[key.kernel](key)

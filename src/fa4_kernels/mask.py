@@ -32,6 +32,10 @@ def neg_inf_unless_between(x: Float32, col: int, low: Int32, limit: Int32, *, lo
                    "=f,f,r,r,r", (Float32(x), Int32(col), Int32(low), Int32(limit)), loc=loc, ip=ip)
 
 
+# A column bound no column reaches: for the sides of apply_transposed's window that bound nothing.
+UNMASKED_COLS = 1 << 30
+
+
 @dataclass(frozen=True)
 class AttentionMask:
     tile_m: cutlass.Constexpr[int]
@@ -87,3 +91,41 @@ class AttentionMask:
                 else:
                     for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                         acc_mn[r, c] = neg_inf_unless_below(acc_mn[r, c], t0ScS[0, c][1], right_limit)
+
+    @cute.jit
+    def apply_transposed(
+        self,
+        acc_St: cute.Tensor,
+        thr_mma: cute.ThrMma,
+        m_block: Int32,
+        n_block: Int32,
+        mask_seqlen: cutlass.Constexpr[bool],
+        mask_causal: cutlass.Constexpr[bool],
+        mask_local: cutlass.Constexpr[bool],
+    ):
+        """The backward's transposed tile S^T (rows: the tile_n keys of K/V block n_block,
+        columns: the tile_m queries of query block m_block): -inf where the query may not see
+        the key. ``mask_seqlen``: also past seqlen_q (columns) and seqlen_k (rows). Column
+        coordinates fold to immediates as in ``apply``."""
+        acc_mn = rows_cols_view(acc_St)
+        cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
+        tScS = rows_cols_view(thr_mma.partition_C(cS))
+        t0ScS = rows_cols_view(thr_mma.get_slice(0).partition_C(cS))
+        first_col = m_block * self.tile_m + tScS[0][1]  # query of this thread's column 0
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            key = n_block * self.tile_n + tScS[r, 0][0]
+            # Query i sees key j iff j - offset - window_right <= i <= j - offset + window_left.
+            diag = key - (self.seqlen_k - self.seqlen_q) - first_col
+            low = Int32(-UNMASKED_COLS)
+            high = Int32(UNMASKED_COLS)
+            if const_expr(mask_causal):
+                low = diag
+            if const_expr(mask_local):
+                low = diag - self.window_right
+                high = diag + self.window_left + 1
+            if const_expr(mask_seqlen):
+                high = cutlass.min(high, self.seqlen_q - first_col)
+                if key >= self.seqlen_k:
+                    high = low
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                acc_mn[r, c] = neg_inf_unless_between(acc_mn[r, c], t0ScS[0, c][1], low, high)

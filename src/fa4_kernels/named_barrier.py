@@ -30,3 +30,16 @@ MAX_CONSUMER_WG = 4
 assert FwdBarrier.WG_SCHEDULER + MAX_CONSUMER_WG <= FwdBarrier.EPILOGUE_WG_SMEM_FREE
 assert FwdBarrier.EPILOGUE_WG_SMEM_FREE + MAX_CONSUMER_WG <= FwdBarrier.EPILOGUE_WG_O_READY
 assert FwdBarrier.EPILOGUE_WG_O_READY + MAX_CONSUMER_WG <= 16
+
+
+class BwdBarrier(enum.IntEnum):
+    """The backward kernel's (sm90/bwd.py) barrier ids."""
+    # Both consumer warpgroups have written their dS^T rows to shared memory (and fenced):
+    # every dQ GEMM reads all of them.
+    DS_READY = 1
+    # Per dQ part (ids 2, 3): the consumer warpgroup has staged its dQ part for the dQ writer.
+    DQ_FULL = 2
+    # Per dQ part (ids 4, 5): the dQ writer's last reduce-add has read the part's buffer.
+    DQ_EMPTY = 4
+    # K's and V's buffers are free for dK and dV (every dQ GEMM has read K), then filled.
+    EPILOGUE = 6

@@ -39,7 +39,9 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header = tmp_path / f"{KEY.name}.h"
     header.write_text(_fake_header(KEY.name))
     c = aot.generate_table([(KEY, header)])
-    assert f'{{"{KEY.name}", 9, 0, 0, 128, 0,' in c  # not varlen, tile_m 128, no split tail (causal)
+    # forward kind, sm_90, not varlen, tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
+    assert f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, 0, 128, 128, 0,' in c
+    assert f"{KEY.name}_fwd, NULL, NULL}}" in c
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
@@ -51,6 +53,27 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "t_seq_order.dynamic_shapes[0] = (int32_t)seq_order->shape[0];" in c
     assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, p->tail_ctas, stream" in c
     assert "fa4_variant_count = 1;" in c
+    assert "fa4_stats_block_rows = 128;" in c
+
+
+def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
+    def header(name, tensors):
+        return "".join(f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[3];\n"
+                       f"    int64_t dynamic_strides[2];\n}} {name}_Tensor_{t}_t;\n" for t in tensors)
+    main = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", True, True, kernel="bwd")
+    pre = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, True, kernel="bwd_pre")
+    entries = []
+    for key in (main, pre):
+        path = tmp_path / f"{key.name}.h"
+        path.write_text(header(key.name, aot.TENSOR_ARGS[key.kernel]))
+        entries.append((key, path))
+    c = aot.generate_table(entries)
+    # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
+    assert f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, 1, 64, 128, 0,' in c and f"NULL, {main.name}_bwd, NULL}}" in c
+    assert "p->num_n_blocks, p->has_seqused_k, stream" in c and "t_dq_accum.dynamic_strides[1]" in c
+    # The preprocess: statistics blocks of 128 rows, no K/V blocks.
+    assert f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, 1, 128, 0, 0,' in c and f"NULL, NULL, {pre.name}_bwd_pre}}" in c
+    assert "p->has_dlse, p->zero_dq, p->num_m_blocks, stream" in c
 
 
 def test_unexpected_header_is_rejected(tmp_path: Path):

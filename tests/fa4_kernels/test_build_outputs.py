@@ -25,7 +25,8 @@ def test_manifest_matches_catalog_and_library():
                                                           manifest["filter"])]
     assert names == expected
     nm = subprocess.run(["nm", "-D", "--defined-only", str(NATIVE / "libfa4.so")], capture_output=True, text=True, check=True).stdout
-    for sym in ("fa4_fwd", "fa4_num_variants", "fa4_variant_name", "fa4_last_error"):
+    for sym in ("fa4_fwd", "fa4_bwd", "fa4_bwd_preprocess", "fa4_num_variants", "fa4_variant_name",
+                "fa4_last_error"):
         assert f" T {sym}\n" in nm
     undefined = subprocess.run(["nm", "-D", "--undefined-only", str(NATIVE / "libfa4.so")], capture_output=True, text=True, check=True).stdout
     # Our own forwards satisfy the objects' imports; nothing from the DSL wheel's archives.
@@ -58,20 +59,27 @@ def _sass_tool():
 def test_every_shipped_object_uses_hopper_instructions():
     if not (shutil.which("cuobjdump") or any((Path(sp) / "nvidia" / "cu13" / "bin" / "cuobjdump").exists() for sp in sys.path)):
         pytest.skip("cuobjdump/nvdisasm not installed")
-    objects = sorted(str(p) for p in (ROOT / "build" / "aot").rglob("fa4_fwd_sm_90a_*.o"))
     manifest = json.loads((NATIVE / "variants.json").read_text())
     shipped = {v["name"] for v in manifest["variants"]}
-    objects = [o for o in objects if Path(o).stem in shipped]
-    assert objects
-    proc = subprocess.run([sys.executable, str(_sass_tool()), "--require", "HGMMA,UTMALDG,SETMAXREG", *objects],
+    objects = [str(p) for p in sorted((ROOT / "build" / "aot").rglob("fa4_*_sm_90a_*.o")) if p.stem in shipped]
+    # The forward and the backward's main kernel: warpgroup MMAs fed by TMA, register
+    # reallocation between the roles; the backward adds dQ by TMA reduce-adds (BULKRED).
+    mma_objects = [o for o in objects if "_bwd_pre_" not in Path(o).name]
+    assert mma_objects
+    proc = subprocess.run([sys.executable, str(_sass_tool()), "--require", "HGMMA,UTMALDG,SETMAXREG", *mma_objects],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = subprocess.run([sys.executable, str(_sass_tool()), *objects], capture_output=True, text=True, check=True)
+    rows = [line.split("\t") for line in report.stdout.strip().splitlines()]
+    header = rows[0]
+    backward = [row for row in rows[1:] if "_bwd_sm_90a_" in row[0]]
+    if backward:
+        assert "BULKRED" in header
+        assert all(int(row[header.index("BULKRED")]) > 0 for row in backward), report.stdout
     # No register spills in any image. The report grows an LDL/STL column only when some image
-    # has them. The 160-register (hd64) and 240-register (hd192/hd256) consumers are close to
-    # spilling: small kernel changes can tip a variant over (docs/perf_notes.md).
-    lines = proc.stdout.strip().splitlines()
-    header = lines[0].split("\t")
+    # has them. The 160-register (hd64) and 240-register (hd192/hd256, the backward's) consumers
+    # are close to spilling: small kernel changes can tip a variant over (docs/perf_notes.md).
     if "LDL/STL" in header:
         col = header.index("LDL/STL")
-        spilling = {row.split("\t")[0]: int(row.split("\t")[col]) for row in lines[1:] if row.split("\t")[col] != "0"}
+        spilling = {row[0]: int(row[col]) for row in rows[1:] if row[col] != "0"}
         assert not spilling, spilling

@@ -5,6 +5,10 @@ import pytest
 from fa4_kernels import catalog, heuristics
 
 
+def forward_variants():
+    return [v for v in catalog.all_variants() if v.kernel == "fwd"]
+
+
 def test_names_are_unique_and_symbol_safe():
     variants = catalog.all_variants()
     names = [v.name for v in variants]
@@ -24,6 +28,34 @@ def test_filter_keeps_only_matching_variants():
     picked = catalog.select_variants(catalog.all_variants(), "bf16,d128x128_causal")
     assert picked and all("bf16" in v.name and "d128x128_causal" in v.name for v in picked)
     assert catalog.select_variants(catalog.all_variants(), "") == catalog.all_variants()
+    # "|" separates alternatives, each a comma-separated conjunction.
+    either = catalog.select_variants(catalog.all_variants(), "bwd_sm,d64x64|fwd,bf16,d96x96_none")
+    assert either and all(("fa4_bwd_sm" in v.name and "d64x64" in v.name)
+                          or ("fwd" in v.name and "bf16" in v.name and "d96x96_none" in v.name) for v in either)
+    assert {v.kernel for v in either} == {"bwd", "fwd"}
+
+
+def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
+    backward = [v for v in catalog.all_variants() if v.kernel == "bwd"]
+    preprocess = [v for v in catalog.all_variants() if v.kernel == "bwd_pre"]
+    assert {(v.head_dim, v.head_dim_v) for v in backward} == set(catalog.BWD_HEAD_DIMS)
+    assert {(v.mask, v.softcap, v.varlen, v.dtype) for v in backward} == {
+        (m, sc, vl, d) for m in catalog.MASKS for sc in (False, True) for vl in (False, True) for d in catalog.DTYPES}
+    for key in backward:
+        cfg = heuristics.bwd_config(key)
+        assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
+        assert cfg.tile_n == 128 and heuristics.STATS_BLOCK_ROWS % cfg.tile_m == 0, key.name
+        assert (cfg.tile_m == 128) == (cfg.dq_split == "rows"), key.name
+        # Each main kernel has the preprocess of its dtype, head dims and layout.
+        assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False) in preprocess
+    assert all(heuristics.kernel_config(p).tile_m == heuristics.STATS_BLOCK_ROWS for p in preprocess)
+    assert all((p.mask, p.softcap) == ("none", False) for p in preprocess)
+    # hd64 with softcap takes 64-query blocks (128 spilled); hd128 always does.
+    key = catalog.VariantKey("sm_90a", "bf16", 64, 64, "causal", True, kernel="bwd")
+    assert heuristics.bwd_config(key).tile_m == 64
+    assert heuristics.bwd_config(dataclasses.replace(key, softcap=False)).tile_m == 128
+    with pytest.raises(ValueError, match="no backward kernel"):
+        heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 256, 256, "none", False, kernel="bwd"))
 
 
 def test_compute_capability_from_arch():
@@ -33,7 +65,7 @@ def test_compute_capability_from_arch():
 
 
 def test_every_variant_has_a_config_that_fits_shared_memory():
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax) and
         # hd128's long-sequence tiles, four for hd64's short-sequence tiles
@@ -43,7 +75,7 @@ def test_every_variant_has_a_config_that_fits_shared_memory():
 
 
 def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         own = dataclasses.replace(cfg, o_in_v=False)
         fits_own = own.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
@@ -62,11 +94,11 @@ def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
 def test_dead_blocks_are_skipped_where_warpgroups_contend():
     # Masked tiles only; three or four consumer warpgroups (MUFU/tensor contention) or dv > 128
     # (long P @ V). hd96-hd192x128 on two warpgroups measured (hd128) a little slower with it.
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         expected = key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128)
         assert cfg.skip_dead_blocks == expected, key.name
-    on = {(v.head_dim, v.head_dim_v) for v in catalog.all_variants() if heuristics.fwd_config(v).skip_dead_blocks}
+    on = {(v.head_dim, v.head_dim_v) for v in forward_variants() if heuristics.fwd_config(v).skip_dead_blocks}
     assert on == {(64, 64), (128, 128), (192, 192), (256, 256)}  # hd128: its long causal tiles
 
 
@@ -74,7 +106,7 @@ def test_rescale_threshold_where_o_rescale_is_costly_or_the_max_is_guessed():
     # hd64's O is 32 registers per thread: skipping its rescale alone measured 0 to -2%; from
     # hd96 on it is 48-128 registers and the threshold pays (docs/perf_notes.md). The guessed
     # row max (speculative_max) needs it whatever the head dim.
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         # hd64's short-sequence tiles rescale O every 64 columns: there it pays (+3%)
         costly = key.head_dim > 64 or key.tiles == "short"
@@ -85,7 +117,7 @@ def test_rescale_threshold_where_o_rescale_is_costly_or_the_max_is_guessed():
 
 def test_speculative_max_everywhere_but_with_softcap():
     # Measured +2-12% without softcap, 17-28% slower with it (docs/perf_notes.md).
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         assert cfg.speculative_max == (not key.softcap), key.name
         if cfg.speculative_max:
@@ -97,7 +129,7 @@ def test_speculative_max_everywhere_but_with_softcap():
 def test_epilogue_addresses_per_tile_under_the_dynamic_schedule():
     # Measured +1-8% there (masked, varlen; hd64's masked 192-row kernels need it for the guessed
     # max), -1 to -4% on equal static tiles, the short ones and with O of hd256 (docs/perf_notes.md).
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         expected = (key.mask != "none" or key.varlen) and key.tiles != "short" and key.head_dim_v <= 128
         assert cfg.epilogue_addresses_per_tile == expected, key.name
@@ -106,7 +138,7 @@ def test_epilogue_addresses_per_tile_under_the_dynamic_schedule():
 def test_schedule_rebuilt_per_tile_only_where_the_guess_needs_the_registers():
     # hd128's long tiles spilled 2-3 of the static schedule's held values with the guessed row
     # max; elsewhere the precomputed divisors keep the consumers' tile boundary short.
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         assert cfg.rebuild_schedule == (key.tiles == "long" and cfg.speculative_max and cfg.split_tail), key.name
         assert not cfg.rebuild_schedule or cfg.split_tail, key.name  # the static schedule only
@@ -114,13 +146,13 @@ def test_schedule_rebuilt_per_tile_only_where_the_guess_needs_the_registers():
 
 def test_early_q_release_only_for_the_short_tiles():
     # Measured +1.2% at hd64 1k on the short tiles and -0.8% at hd128 4k (docs/perf_notes.md).
-    for key in catalog.all_variants():
+    for key in forward_variants():
         assert heuristics.fwd_config(key).early_q_release == (key.tiles == "short"), key.name
 
 
 def test_lse_bulk_store_for_masked_variants_and_counted_in_shared_memory():
     # Measured +0.5-1.6% causal, 0 to -1% without a mask (docs/perf_notes.md).
-    for key in catalog.all_variants():
+    for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         assert cfg.lse_bulk_store == (key.mask != "none"), key.name
         without = dataclasses.replace(cfg, lse_bulk_store=False)

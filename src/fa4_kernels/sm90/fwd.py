@@ -37,7 +37,6 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
 
 from fa4_kernels.block_info import BlockInfo, TileRows, block_rows, row_shift
 from fa4_kernels.hopper_mma import (
@@ -53,6 +52,7 @@ from fa4_kernels.named_barrier import FwdBarrier
 from fa4_kernels.ptx import bulk_store_s2g, loop_bound_zero
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
+from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
 from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
 from fa4_kernels.stamps import TILE_END, Stamps
 from fa4_kernels.tile_scheduler import (
@@ -68,10 +68,6 @@ from fa4_kernels.tile_scheduler import (
     handoff_receive,
 )
 
-LOG2_E = 1.4426950408889634
-
-THREADS_PER_WG = 128
-ROWS_PER_WG = 64  # the WGMMA M size: each consumer warpgroup owns 64 rows of the tile
 # Register budget per thread after setmaxnreg, by number of consumer warpgroups: what the
 # launch allocates (64K registers / threads, in steps of 8) less the producer's 24. Four
 # consumer warpgroups launch at 96 per thread (640 threads), so 24 * 128 + 112 * 512 is the most.
@@ -79,16 +75,6 @@ PRODUCER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160, 4: 112}
 STORE_WARP = 4  # first consumer warp: issues the TMA store of a whole O tile
 PV_WAIT_AFTER_EXP = 3  # pv_wait "first_exps": the P @ V wait follows row 0's 4th exponential
-
-
-def make_smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
-    """K-major (row-major) swizzled shared-memory layout for a (rows, cols[, stages]) tile."""
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
-    )
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    order = (0, 1) if stages is None else (0, 1, 2)
-    return cute.tile_to_shape(atom, shape, order=order)
 
 
 class FlashAttentionForwardSm90:

@@ -1,0 +1,735 @@
+"""FlashAttention backward for Hopper (sm_90a), warp-specialised, TMA + WGMMA.
+
+One CTA per (K/V block, K/V head, batch): it holds a tile_n-row block of K and V in shared
+memory, walks the query blocks that see any of its keys (for every query head of its GQA group,
+so dK/dV of a K/V head are summed in registers and stored once, by one CTA) and accumulates
+dK and dV in registers. dQ is accumulated in fp32 in global memory by TMA reduce-adds.
+
+Roles (1 + 2 warpgroups: 384 threads):
+  * warpgroup 0, warp 0: producer. Loads K and V once, then for each query block a Q tile with
+    its row statistics (LSE in log2 units) and a dO tile with its row sums dPsum = rowsum(dO * O),
+    into ``num_stages``-deep rings (one mbarrier pipeline for Q + LSE, one for dO + dPsum).
+  * warpgroup 0, warp 1: dQ writer. For each query block, once the consumers have put their dQ
+    parts in shared memory, adds them into the fp32 dQ accumulator with one TMA reduce-add each,
+    and hands the buffer back when the copy has read it.
+  * warpgroups 1, 2: consumers, 64 keys of the block each. Per query block:
+      S^T = K @ Q^T and dP^T = V @ dO^T (keys are the rows, so P^T and dS^T come out of the
+      accumulators already laid out as the A operands of the next two GEMMs);
+      P^T = exp2(S^T * scale_log2 - LSE_log2), dS^T = P^T * (dP^T - dPsum) (times the tanh
+      derivative with softcap);
+      dV += P^T @ dO and dK += dS^T @ Q with P^T and dS^T from registers;
+      dS^T to shared memory (transposed, as dS), then dQ = dS @ K, scaled, to the dQ writer.
+    After the last query block dK (scaled) and dV go out through shared memory by TMA stores
+    (row by row where a packed sequence ends inside the block).
+
+Masking: a query block crossing the causal diagonal or a local window's edge is masked per
+element; with packed sequences every block is (neighbouring sequences' rows and keys are real
+data). Dense rows past seqlen_q / keys past seqlen_k need no mask: TMA loads them as zeros and
+the preprocess pads the statistics with LSE = +inf, so their probabilities are 0 (rows) or they
+meet zero operands (keys), and TMA stores clip them.
+"""
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from fa4_kernels.block_info import BlockInfo
+from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
+from fa4_kernels.mask import AttentionMask
+from fa4_kernels.named_barrier import BwdBarrier
+from fa4_kernels.seqlen_info import SeqlenInfo
+from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
+
+NUM_CONSUMER_WG = 2
+PRODUCER_REGS = 24
+CONSUMER_REGS = 240
+DQ_WRITER_WARP = 1
+STORE_WARP = 4  # first consumer warp: issues the TMA stores of dK and dV
+# How the consumer warpgroups share the dQ = dS @ K GEMM of a (tile_m, head_dim) block:
+# "rows" 64 rows each (tile_m 128), "cols" half the head dims each, "single" warpgroup 0 alone.
+DQ_SPLITS = ("rows", "cols", "single")
+
+
+def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
+    """The statistics layout's sequence start (preprocess and main kernel): see
+    FlashAttentionBackwardSm90.stats_offset."""
+    if const_expr(is_varlen):
+        return (seq.offset_q + batch_idx * stats_block) // stats_block * stats_block
+    return Int32(0)
+
+
+class FlashAttentionBackwardSm90:
+    def __init__(
+        self,
+        dtype,
+        head_dim: int,
+        head_dim_v: int,
+        is_causal: bool,
+        is_local: bool,
+        has_softcap: bool,
+        tile_m: int,
+        tile_n: int,
+        num_stages: int,
+        dq_split: str,
+        stats_block: int,
+        is_varlen: bool = False,
+    ):
+        assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
+        assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
+        assert dq_split in DQ_SPLITS
+        assert (tile_m == 128) == (dq_split == "rows") and tile_m in (64, 128)
+        assert head_dim % 16 == 0 and head_dim_v % 16 == 0
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self.is_causal = is_causal
+        self.is_local = is_local
+        self.has_softcap = has_softcap
+        self.is_varlen = is_varlen
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.num_stages = num_stages
+        self.dq_split = dq_split
+        # The statistics' padding unit (heuristics.STATS_BLOCK_ROWS), a multiple of tile_m.
+        assert stats_block % tile_m == 0
+        self.stats_block = stats_block
+        self.num_mma_threads = THREADS_PER_WG * NUM_CONSUMER_WG
+        self.num_threads = THREADS_PER_WG + self.num_mma_threads
+        # dQ parts: one per warpgroup that computes dQ, each (64 rows, dq_cols columns).
+        self.dq_parts = 1 if dq_split == "single" else 2
+        self.dq_cols = head_dim // 2 if dq_split == "cols" else head_dim
+
+    # ------------------------------------------------------------------ host side
+    def _tiled_mmas(self):
+        """S^T = K @ Q^T and dP^T = V @ dO^T (keys split over the warpgroups), dV = P^T @ dO and
+        dK = dS^T @ Q (A from registers), dQ = dS @ K (dq_split)."""
+        sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
+        )
+        dk, dv = [
+            sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, dim),
+                a_source=warpgroup.OperandSource.RMEM,
+            )
+            for dim in (self.head_dim, self.head_dim_v)
+        ]
+        dq_atoms = {"rows": (2, 1, 1), "cols": (1, 2, 1), "single": (1, 1, 1)}[self.dq_split]
+        dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=dq_atoms, tiler_mn=(ROWS_PER_WG, self.dq_cols),
+        )
+        return sdp, dk, dv, dq
+
+    def dq_tile_layout(self, parts_layout):
+        """The (tile_m, head_dim) view of the dQ parts buffer (64, dq_cols, parts)."""
+        if const_expr(self.dq_split == "rows"):
+            return cute.group_modes(cute.select(parts_layout, mode=[0, 2, 1]), 0, 2)
+        if const_expr(self.dq_split == "cols"):
+            return cute.group_modes(parts_layout, 1, 3)
+        return cute.select(parts_layout, mode=[0, 1])
+
+    def tile_view(self, t: cute.Tensor, head, batch_idx, offset):
+        """(seqlen, dim) slice of a (seqlen, dim, head, batch) tensor for one sequence."""
+        if const_expr(self.is_varlen):
+            return cute.domain_offset((offset, 0), t[None, None, head, 0])
+        return t[None, None, head, batch_idx]
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
+        mLSE: cute.Tensor,  # (batch, heads_q, padded rows) fp32: LSE * log2(e), +inf past the rows
+        mdPsum: cute.Tensor,  # (batch, heads_q, padded rows) fp32: rowsum(dO * O) - dLSE
+        mdQaccum: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim) fp32, zero at launch
+        mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
+        mdV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
+        mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
+        softmax_scale: Float32,
+        softcap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        num_n_blocks: Int32,  # K/V blocks of the longest sequence (the grid's x)
+        has_seqused_k: Int32,
+        stream: cuda.CUstream,
+    ):
+        # Sequence-major views: (seqlen, dim, head, batch).
+        mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+            for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
+        ]
+        mLSE, mdPsum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0])) for t in (mLSE, mdPsum)]
+
+        tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq = self._tiled_mmas()
+        sQ_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
+        sdO_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.num_stages)
+        sK_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sV_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim_v)
+        sdS_layout = make_smem_layout(self.dtype, self.tile_m, self.tile_n, self.num_stages)
+        sdQ_layout = make_smem_layout(Float32, ROWS_PER_WG, self.dq_cols, self.dq_parts)
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            tma_load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
+            tma_load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim_v))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, sK_layout, (self.tile_n, self.head_dim))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, sV_layout, (self.tile_n, self.head_dim_v))
+        tma_store = cpasync.CopyBulkTensorTileS2GOp()
+        tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(tma_store, mdK, sK_layout, (self.tile_n, self.head_dim))
+        tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sV_layout, (self.tile_n, self.head_dim_v))
+        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, cute.select(sdQ_layout, mode=[0, 1]),
+            (ROWS_PER_WG, self.dq_cols))
+        # The row statistics: one tile_m-row box per query block (the rows are padded, see
+        # stats_offset, so boxes never cross a sequence's padding into another's rows).
+        stats_box = cute.make_layout(self.tile_m)
+        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(tma_load, mLSE, stats_box, (self.tile_m,))
+        tma_atom_dPsum, tma_dPsum = cpasync.make_tiled_tma_atom(tma_load, mdPsum, stats_box, (self.tile_m,))
+        self.tx_bytes_Q = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
+        self.tx_bytes_dO = cute.size_in_bytes(self.dtype, cute.select(sdO_layout, mode=[0, 1])) + self.tile_m * 4
+        self.tx_bytes_KV = cute.size_in_bytes(self.dtype, sK_layout) + cute.size_in_bytes(self.dtype, sV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_dO: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * self.num_stages], 128]
+            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * self.num_stages], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+
+        if const_expr(self.has_softcap):
+            # Scores s become softcap * tanh(s * scale / softcap); the exponent then needs only
+            # the change of base, as in the forward.
+            score_scale = softmax_scale / softcap
+            scale_log2 = Float32(LOG2_E)
+        else:
+            score_scale = Float32(1.0)
+            scale_log2 = softmax_scale * LOG2_E
+
+        batches = cute.size(mQ.shape[3])
+        if const_expr(self.is_varlen):
+            batches = cute.size(mCuSeqlensQ.shape[0]) - 1
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdK, mdV, tma_dK, tma_dV,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
+            tma_atom_dK, tma_atom_dV,
+            scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
+            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, SharedStorage,
+        ).launch(
+            grid=(num_n_blocks, cute.size(mK.shape[2]), batches),
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mdPsum: cute.Tensor,
+        mdQ: cute.Tensor,  # TMA view of the fp32 accumulator
+        mdK: cute.Tensor,  # plain tensors: row-by-row stores
+        mdV: cute.Tensor,
+        tma_dK: cute.Tensor,  # their TMA views: whole-block stores
+        tma_dV: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
+        has_seqused_k: Int32,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        tma_atom_dO: cute.CopyAtom,
+        tma_atom_LSE: cute.CopyAtom,
+        tma_atom_dPsum: cute.CopyAtom,
+        tma_atom_dQ: cute.CopyAtom,
+        tma_atom_dK: cute.CopyAtom,
+        tma_atom_dV: cute.CopyAtom,
+        scale_log2: Float32,
+        score_scale: Float32,
+        softcap: Float32,
+        softmax_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.ComposedLayout,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        n_block, head_kv, batch_idx = cute.arch.block_idx()
+        seq = SeqlenInfo.create(batch_idx, mQ.shape[0], mK.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
+                                mSeqUsedK, has_seqused_k)
+        # Packed sequences: the grid covers the longest one; blocks past this one's keys idle.
+        if n_block * self.tile_n < seq.seqlen_k:
+            if warp_idx == 0:
+                for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+                             tma_atom_dQ, tma_atom_dK, tma_atom_dV):
+                    cpasync.prefetch_descriptor(atom)
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            producer_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // cute.arch.WARP_SIZE)
+            pipeline_kv = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_KV.data_ptr(), num_stages=1, producer_group=producer_thread,
+                consumer_group=consumer_warps, tx_count=self.tx_bytes_KV, defer_sync=True,
+            )
+            pipeline_q = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.num_stages, producer_group=producer_thread,
+                consumer_group=consumer_warps, tx_count=self.tx_bytes_Q, defer_sync=True,
+            )
+            pipeline_do = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_dO.data_ptr(), num_stages=self.num_stages, producer_group=producer_thread,
+                consumer_group=consumer_warps, tx_count=self.tx_bytes_dO, defer_sync=True,
+            )
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+            sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+            sdQ_parts = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+            sdQ = storage.sdQ.get_tensor(self.dq_tile_layout(sdQ_layout.outer), swizzle=sdQ_layout.inner)
+            stats_layout = cute.make_layout((self.tile_m, self.num_stages))
+            sLSE = storage.sLSE.get_tensor(stats_layout)
+            sdPsum = storage.sdPsum.get_tensor(stats_layout)
+
+            block_info = BlockInfo(
+                self.tile_m, self.tile_n, self.is_causal, self.is_local,
+                window_left if const_expr(self.is_local) else None,
+                window_right if const_expr(self.is_local) else None,
+            )
+            m_block_min, m_block_max = block_info.m_block_range(seq.seqlen_q, seq.seqlen_k, n_block)
+            group = mQ.shape[2] // mK.shape[2]
+
+            if warp_idx < 4:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+                if warp_idx == 0:
+                    self.load(mQ, mK, mV, mdO, mLSE, mdPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
+                              tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+                              pipeline_kv, pipeline_q, pipeline_do,
+                              seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max)
+                if warp_idx == DQ_WRITER_WARP:
+                    self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, seq, head_kv, batch_idx, group,
+                                  m_block_min, m_block_max)
+            else:
+                cute.arch.setmaxregister_increase(CONSUMER_REGS)
+                tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
+                self.consume(
+                    mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ, sLSE, sdPsum,
+                    pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+                    tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
+                    batch_idx, group, m_block_min, m_block_max,
+                )
+
+    @cute.jit
+    def stats_offset(self, seq: SeqlenInfo, batch_idx: Int32):
+        """First row of a sequence in the padded LSE/dPsum rows (the preprocess's layout): 0
+        when dense; packed sequences start at (offset_q + batch_idx * stats_block) rounded down
+        to a multiple of stats_block, which keeps every sequence's blocks apart."""
+        return stats_offset(seq, batch_idx, self.stats_block, self.is_varlen)
+
+    @cute.jit
+    def load(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mdPsum: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdO: cute.Tensor,
+        sLSE: cute.Tensor,
+        sdPsum: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        tma_atom_dO: cute.CopyAtom,
+        tma_atom_LSE: cute.CopyAtom,
+        tma_atom_dPsum: cute.CopyAtom,
+        pipeline_kv: pipeline.PipelineAsync,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_do: pipeline.PipelineAsync,
+        seq: SeqlenInfo,
+        n_block: Int32,
+        head_kv: Int32,
+        batch_idx: Int32,
+        group: Int32,
+        m_block_min: Int32,
+        m_block_max: Int32,
+    ):
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        gK = cute.local_tile(self.tile_view(mK, head_kv, batch_idx, seq.offset_k), (self.tile_n, self.head_dim),
+                             (n_block, 0))
+        gV = cute.local_tile(self.tile_view(mV, head_kv, batch_idx, seq.offset_k), (self.tile_n, self.head_dim_v),
+                             (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        pipeline_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        stats_block0 = self.stats_offset(seq, batch_idx) // self.tile_m
+        for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
+            gQ = cute.local_tile(self.tile_view(mQ, head, batch_idx, seq.offset_q), (self.tile_m, self.head_dim),
+                                 (None, 0))
+            gdO = cute.local_tile(self.tile_view(mdO, head, batch_idx, seq.offset_q),
+                                  (self.tile_m, self.head_dim_v), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            stats_batch = 0 if const_expr(self.is_varlen) else batch_idx  # packed: one batch row
+            gLSE = cute.local_tile(mLSE[None, head, stats_batch], (self.tile_m,), (None,))
+            gdPsum = cute.local_tile(mdPsum[None, head, stats_batch], (self.tile_m,), (None,))
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, 0, cute.make_layout(1),
+                                               cute.group_modes(sdPsum, 0, 1), cute.group_modes(gdPsum, 0, 1))
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                pipeline_q.producer_acquire(state)
+                bar_q = pipeline_q.producer_get_barrier(state)
+                cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_LSE, tLgL[None, stats_block0 + m_block], tLsL[None, state.index], tma_bar_ptr=bar_q)
+                pipeline_do.producer_acquire(state)
+                bar_do = pipeline_do.producer_get_barrier(state)
+                cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
+                cute.copy(tma_atom_dPsum, tPgP[None, stats_block0 + m_block], tPsP[None, state.index],
+                          tma_bar_ptr=bar_do)
+                state.advance()
+
+    @cute.jit
+    def write_dq(
+        self,
+        mdQ: cute.Tensor,
+        sdQ_parts: cute.Tensor,
+        tma_atom_dQ: cute.CopyAtom,
+        seq: SeqlenInfo,
+        head_kv: Int32,
+        batch_idx: Int32,
+        group: Int32,
+        m_block_min: Int32,
+        m_block_max: Int32,
+    ):
+        """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add)."""
+        sync = THREADS_PER_WG + cute.arch.WARP_SIZE
+        for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
+            gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (ROWS_PER_WG, self.dq_cols),
+                                  (None, None))
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                for p in cutlass.range_constexpr(self.dq_parts):
+                    # The previous block's reduce-add of this part has read shared memory.
+                    cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
+                    cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
+                for p in cutlass.range_constexpr(self.dq_parts):
+                    cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_FULL) + p, number_of_threads=sync)
+                    row_block = m_block * (self.tile_m // ROWS_PER_WG) + (p if const_expr(self.dq_split == "rows") else 0)
+                    col_block = p if const_expr(self.dq_split == "cols") else 0
+                    tsdQ, tgdQ = cpasync.tma_partition(
+                        tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(sdQ_parts[None, None, p], 0, 2),
+                        cute.group_modes(gdQ[None, None, row_block, col_block], 0, 2),
+                    )
+                    cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                    cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def consume(
+        self,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        tma_dK: cute.Tensor,
+        tma_dV: cute.Tensor,
+        tma_atom_dK: cute.CopyAtom,
+        tma_atom_dV: cute.CopyAtom,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sdO: cute.Tensor,
+        sdS: cute.Tensor,
+        sdQ: cute.Tensor,
+        sLSE: cute.Tensor,
+        sdPsum: cute.Tensor,
+        pipeline_kv: pipeline.PipelineAsync,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_do: pipeline.PipelineAsync,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        tidx: Int32,
+        scale_log2: Float32,
+        score_scale: Float32,
+        softcap: Float32,
+        softmax_scale: Float32,
+        block_info: BlockInfo,
+        seq: SeqlenInfo,
+        n_block: Int32,
+        head_kv: Int32,
+        batch_idx: Int32,
+        group: Int32,
+        m_block_min: Int32,
+        m_block_max: Int32,
+    ):
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+        thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
+        wg_mma_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WG)
+        wg_mma_dk = tiled_mma_dk.get_slice(wg_idx * THREADS_PER_WG)
+        wg_mma_dv = tiled_mma_dv.get_slice(wg_idx * THREADS_PER_WG)
+        # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory.
+        tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+        tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
+        tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
+        tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
+        # dV += P^T @ dO, dK += dS^T @ Q: A from registers, B the MN-major views of dO and Q.
+        tdVrP = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_shape_A((self.tile_n, self.tile_m)))
+        tdVrdOt = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sdO)))
+        tdKrdS = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_shape_A((self.tile_n, self.tile_m)))
+        tdKrQt = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sQ)))
+        acc_dK = new_accumulator(wg_mma_dk, (self.tile_n, self.head_dim))
+        acc_dV = new_accumulator(wg_mma_dv, (self.tile_n, self.head_dim_v))
+        # dS^T goes to shared memory transposed (stmatrix.trans), as the (tile_m, tile_n) dS.
+        smem_copy_dS = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
+            tiled_mma_sdp,
+        ).get_slice(tidx)
+        tdSsdS = smem_copy_dS.partition_D(transpose_smem_view(sdS))
+        # dQ = dS @ K: A = dS, B = the MN-major view of K.
+        dq_part = wg_idx if const_expr(self.dq_split != "single") else Int32(0)
+        wg_mma_dq = tiled_mma_dq.get_slice(dq_part * THREADS_PER_WG)
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sdS))
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_smem_view(sK)))
+        smem_copy_dQ = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq,
+        ).get_slice(tidx)
+        tdQsdQ = smem_copy_dQ.partition_D(sdQ)
+        # Query (column) index of each accumulator column of S^T, and the statistics' views.
+        tScS = rows_cols_view(thr_mma_sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))))
+        num_cols = cute.size(tScS, mode=[1])
+
+        mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, Int32(0),
+                             block_info.window_left, block_info.window_right)
+        # Query blocks that the causal diagonal (right edge of the window) or the local left
+        # edge crosses: [m_block_min, m_masked_end) and [m_left_start, m_block_max).
+        m_masked_end = m_block_min
+        m_left_start = m_block_max
+        if const_expr(self.is_causal or self.is_local):
+            m_masked_end = block_info.m_block_min_no_right_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_max)
+        if const_expr(self.is_local):
+            m_left_start = block_info.m_block_max_no_left_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_min)
+
+        pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        accumulate = Int32(0)  # 0 on the CTA's first query block: dK/dV start from it
+        for g in cutlass.range(group, unroll=1):
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                stage = state.index
+                # (1) S^T = K @ Q^T, dP^T = V @ dO^T.
+                pipeline_q.consumer_wait(state)
+                acc_S = new_accumulator(wg_mma_sdp, (self.tile_n, self.tile_m))
+                wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], False, -1)
+                pipeline_do.consumer_wait(state)
+                acc_dP = new_accumulator(wg_mma_sdp, (self.tile_n, self.tile_m))
+                wgmma(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], False, -1)
+                # Without softcap the probabilities are computed while dP^T's GEMM runs.
+                warpgroup.wait_group(0 if const_expr(self.has_softcap) else 1)
+                # (2) P^T = exp2(S^T * scale_log2 - LSE_log2), masked, (3) dS^T = P^T * (dP^T - dPsum).
+                if const_expr(self.has_softcap):
+                    self.probs_and_grads_softcap(acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage,
+                                                 m_block, n_block, m_masked_end, m_left_start, score_scale,
+                                                 softcap)
+                else:
+                    self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+                    acc_S_mn = rows_cols_view(acc_S)
+                    for c in cutlass.range_constexpr(num_cols):
+                        lse = sLSE[tScS[0, c][1], stage]
+                        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                            acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - lse, fastmath=True)
+                    warpgroup.wait_group(0)
+                    acc_dP_mn = rows_cols_view(acc_dP)
+                    for c in cutlass.range_constexpr(num_cols):
+                        dpsum = sdPsum[tScS[0, c][1], stage]
+                        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                            acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
+                store_as_operand_a(acc_S, tdVrP)
+                store_as_operand_a(acc_dP, tdKrdS)
+                # (4) dV += P^T @ dO.
+                wgmma(tiled_mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, stage], accumulate != 0, -1)
+                # (5) dS^T to shared memory; every consumer's part is needed by every dQ GEMM.
+                # tdKrdS holds the (64, tile_m) accumulator's values in its own order (one
+                # accumulator atom per warpgroup: the same order), viewed as the accumulator.
+                rdS = cute.make_tensor(tdKrdS.iterator, cute.make_layout(acc_dP.shape))
+                cute.copy(smem_copy_dS, smem_copy_dS.retile(rdS), tdSsdS[None, None, None, stage])
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
+                # (6) dQ = dS @ K, (7) dK += dS^T @ Q.
+                if const_expr(self.dq_split == "single"):
+                    if wg_idx == 0:
+                        self.dq_and_dk(True, acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
+                                       tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate,
+                                       pipeline_do, state, softmax_scale)
+                    else:
+                        self.dq_and_dk(False, acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
+                                       tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate,
+                                       pipeline_do, state, softmax_scale)
+                else:
+                    self.dq_and_dk(True, acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
+                                   tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate,
+                                   pipeline_do, state, softmax_scale)
+                warpgroup.wait_group(0)
+                pipeline_q.consumer_release(state)
+                state.advance()
+                accumulate = Int32(1)
+        self.epilogue_dkv(acc_dK, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
+                          tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
+
+    @cute.jit
+    def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start):
+        """The mask on S^T where this query block needs it (see consume)."""
+        if const_expr(self.is_varlen):
+            mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, True, self.is_causal, self.is_local)
+        elif const_expr(self.is_causal or self.is_local):
+            if m_block < m_masked_end or m_block >= m_left_start:
+                mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, False, self.is_causal, self.is_local)
+
+    @cute.jit
+    def probs_and_grads_softcap(self, acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage, m_block,
+                                n_block, m_masked_end, m_left_start, score_scale, softcap):
+        """Softcap: scores s' = softcap * tanh(s * scale / softcap), P^T = exp2(s' * log2(e) -
+        LSE_log2), dS^T = P^T * (dP^T - dPsum) * (1 - tanh^2), the derivative of the cap (the
+        scale is applied to dK and dQ at the end). One pass after both GEMMs, which recomputes
+        tanh = s' / softcap instead of keeping it: 32 more live registers spilled hd128."""
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
+        self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+        inv_softcap = 1.0 / softcap
+        acc_S_mn, acc_dP_mn = rows_cols_view(acc_S), rows_cols_view(acc_dP)
+        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+            lse = sLSE[tScS[0, c][1], stage]
+            dpsum = sdPsum[tScS[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                capped = acc_S_mn[r, c]
+                p = cute.math.exp2(capped * LOG2_E - lse, fastmath=True)
+                t = capped * inv_softcap
+                # Masked scores are -inf: their derivative factor is clamped to 0, not -inf.
+                dtanh = cutlass.max(1.0 - t * t, 0.0)
+                acc_dP_mn[r, c] = p * (acc_dP_mn[r, c] - dpsum) * dtanh
+                acc_S_mn[r, c] = p
+
+    @cute.jit
+    def dq_and_dk(self, with_dq: cutlass.Constexpr[bool], acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq,
+                  tiled_mma_dq, tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate, pipeline_do, state,
+                  softmax_scale):
+        """dQ = dS @ K (``with_dq``) and dK += dS^T @ Q; dO's stage goes back once dV's GEMM (issued
+        before these) has completed, and the scaled dQ to the dQ writer."""
+        if const_expr(with_dq):
+            acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
+            wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
+            wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
+            warpgroup.wait_group(1)
+            pipeline_do.consumer_release(state)
+            self.dq_to_smem(acc_dQ, smem_copy_dQ, tdQsdQ, dq_part, softmax_scale)
+        else:
+            wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
+            warpgroup.wait_group(1)
+            pipeline_do.consumer_release(state)
+
+    @cute.jit
+    def dq_to_smem(self, acc_dQ: cute.Tensor, smem_copy_dQ, tdQsdQ: cute.Tensor, part: Int32, softmax_scale: Float32):
+        """This warpgroup's scaled dQ part into its shared-memory buffer, for the dQ writer."""
+        sync = THREADS_PER_WG + cute.arch.WARP_SIZE
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            acc_dQ[i] = acc_dQ[i] * softmax_scale
+        cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_EMPTY) + part, number_of_threads=sync)
+        cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), tdQsdQ)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part, number_of_threads=sync)
+
+    @cute.jit
+    def epilogue_dkv(self, acc_dK, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
+                     tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq: SeqlenInfo, n_block, head_kv, batch_idx):
+        """dK * scale and dV through K's and V's buffers (free once every consumer's last dQ GEMM
+        has read K) to global memory: one TMA store each, or row-predicated stores where a
+        packed sequence ends inside the block (a TMA store would write the next one's rows)."""
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            acc_dK[i] = acc_dK[i] * softmax_scale
+        whole = True
+        if const_expr(self.is_varlen):
+            whole = (n_block + 1) * self.tile_n <= seq.seqlen_k
+        if whole:
+            cute.arch.barrier(barrier_id=int(BwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
+            for acc, sX, tiled_mma in ((acc_dK, sK, tiled_mma_dk), (acc_dV, sV, tiled_mma_dv)):
+                rX = cute.make_rmem_tensor_like(acc, self.dtype)
+                rX.store(acc.load().to(self.dtype))
+                smem_copy = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                        self.dtype),
+                    tiled_mma,
+                ).get_slice(tidx)
+                cute.copy(smem_copy, smem_copy.retile(rX), smem_copy.partition_D(sX))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=int(BwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
+                for tma, atom, sX, dim in ((tma_dK, tma_atom_dK, sK, self.head_dim),
+                                           (tma_dV, tma_atom_dV, sV, self.head_dim_v)):
+                    gX = cute.local_tile(self.tile_view(tma, head_kv, batch_idx, seq.offset_k), (self.tile_n, dim),
+                                         (n_block, 0))
+                    tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                                       cute.group_modes(gX, 0, 2))
+                    cute.copy(atom, tXsX, tXgX)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            for acc, mX, tiled_mma, dim in ((acc_dK, mdK, tiled_mma_dk, self.head_dim),
+                                            (acc_dV, mdV, tiled_mma_dv, self.head_dim_v)):
+                thr_mma = tiled_mma.get_slice(tidx)
+                gX = cute.local_tile(self.tile_view(mX, head_kv, batch_idx, seq.offset_k), (self.tile_n, dim),
+                                     (n_block, 0))
+                tXgX = thr_mma.partition_C(gX)
+                tXcX = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, dim)))
+                limit = seq.seqlen_k - n_block * self.tile_n
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    if tXcX[i][0] < limit:
+                        tXgX[i] = acc[i].to(self.dtype)

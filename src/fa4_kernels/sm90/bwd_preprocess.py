@@ -1,0 +1,140 @@
+"""Backward preprocess: the row statistics the backward kernel (sm90/bwd.py) reads, in its layout.
+
+One CTA (128 threads) per block of tile_m query rows of one head, tile_m the statistics'
+padding unit (heuristics.STATS_BLOCK_ROWS):
+  dPsum[row]    = sum_d dO[row, d] * O[row, d] - dLSE[row]   (fp32; dLSE: the gradient flowing
+                  into the returned LSE, d LSE / d s = p, so it folds into the row sum)
+  LSE_log2[row] = LSE[row] * log2(e), +inf where LSE = -inf (a row that sees no key: its
+                  probabilities exp2(s - LSE_log2) are then 0, as the row's output is)
+for every row of the block, the padding past the sequence's rows included (+inf and 0: the
+backward kernel loads whole blocks and relies on it). The statistics rows of packed sequences
+start at (cu_seqlens_q[i] + i * tile_m) rounded down to a multiple of tile_m (bwd.stats_offset),
+and every sequence writes at least one block (the backward visits one even with no rows).
+Dense calls also zero the block's rows of the fp32 dQ accumulator here (``zero_dq``).
+
+Each row is read by a group of threads in 16-byte vectors (the group's size a power of two
+dividing head_dim_v / 8) and summed with shuffles.
+"""
+import math
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from fa4_kernels.seqlen_info import SeqlenInfo
+from fa4_kernels.sm90.bwd import stats_offset
+from fa4_kernels.sm90.common import LOG2_E
+
+THREADS = 128
+VECTOR = 8  # 16-bit elements per 16-byte load
+
+
+class BackwardPreprocessSm90:
+    def __init__(self, dtype, head_dim: int, head_dim_v: int, tile_m: int, is_varlen: bool):
+        assert head_dim_v % VECTOR == 0 and head_dim % 4 == 0
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim_v
+        self.tile_m = tile_m
+        self.is_varlen = is_varlen
+        self.threads_per_row = math.gcd(head_dim_v // VECTOR, 16)
+        self.vectors_per_thread = head_dim_v // VECTOR // self.threads_per_row
+        self.rows_per_pass = THREADS // self.threads_per_row
+        assert tile_m % self.rows_per_pass == 0
+
+    @cute.jit
+    def __call__(
+        self,
+        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
+        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, the forward's
+        mdLSE: cute.Tensor,  # like mLSE; read when has_dlse
+        mLSE2: cute.Tensor,  # (batch, heads_q, padded rows) fp32
+        mdPsum: cute.Tensor,  # (batch, heads_q, padded rows) fp32
+        mdQaccum: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim) fp32; zeroed with zero_dq
+        mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32
+        has_dlse: Int32,
+        zero_dq: Int32,
+        num_m_blocks: Int32,  # query blocks of the longest sequence (the grid's x)
+        stream: cuda.CUstream,
+    ):
+        mO, mdO, mdQaccum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                             for t in (mO, mdO, mdQaccum)]
+        mLSE, mdLSE, mLSE2, mdPsum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
+                                      for t in (mLSE, mdLSE, mLSE2, mdPsum)]
+        batches = cute.size(mO.shape[3])
+        if const_expr(self.is_varlen):
+            batches = cute.size(mCuSeqlensQ.shape[0]) - 1
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlensQ, has_dlse, zero_dq).launch(
+            grid=(num_m_blocks, cute.size(mO.shape[2]), batches), block=[THREADS, 1, 1], stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mO: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mdLSE: cute.Tensor,
+        mLSE2: cute.Tensor,
+        mdPsum: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor,
+        has_dlse: Int32,
+        zero_dq: Int32,
+    ):
+        tidx = cute.arch.thread_idx()[0]
+        m_block, head, batch_idx = cute.arch.block_idx()
+        seq = SeqlenInfo.create(batch_idx, mO.shape[0], mO.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensQ,
+                                mCuSeqlensQ, Int32(0))
+        data_batch = 0 if const_expr(self.is_varlen) else batch_idx
+        stats_row0 = stats_offset(seq, batch_idx, self.tile_m, self.is_varlen)
+        if m_block < cutlass.max(cute.ceil_div(seq.seqlen_q, self.tile_m), 1):
+            lane = tidx % self.threads_per_row
+            passes = self.tile_m // self.rows_per_pass
+            # Every pass's loads first (in flight together), then the sums.
+            rO = cute.make_rmem_tensor((VECTOR, self.vectors_per_thread, passes), self.dtype)
+            rdO = cute.make_rmem_tensor((VECTOR, self.vectors_per_thread, passes), self.dtype)
+            rO.fill(0.0)
+            rdO.fill(0.0)
+            for p in cutlass.range_constexpr(passes):
+                row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
+                if row < seq.seqlen_q:
+                    for v in cutlass.range_constexpr(self.vectors_per_thread):
+                        col = (v * self.threads_per_row + lane) * VECTOR
+                        for src, dst in ((mO, rO), (mdO, rdO)):
+                            cute.autovec_copy(cute.local_tile(src[seq.offset_q + row, None, head, data_batch],
+                                                              (VECTOR,), (col // VECTOR,)), dst[None, v, p])
+            for p in cutlass.range_constexpr(passes):
+                row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
+                total = Float32(0.0)
+                for v in cutlass.range_constexpr(self.vectors_per_thread):
+                    for i in cutlass.range_constexpr(VECTOR):
+                        total += Float32(rO[i, v, p]) * Float32(rdO[i, v, p])
+                for i in cutlass.range_constexpr(int(math.log2(self.threads_per_row))):
+                    total += cute.arch.shuffle_sync_bfly(total, offset=1 << i)
+                if lane == 0:
+                    lse2 = Float32(float("inf"))
+                    dpsum = Float32(0.0)
+                    if row < seq.seqlen_q:
+                        lse = mLSE[seq.offset_q + row, head, data_batch]
+                        if lse != Float32(-float("inf")):
+                            lse2 = lse * LOG2_E
+                        dpsum = total
+                        if has_dlse != 0:
+                            dpsum = total - mdLSE[seq.offset_q + row, head, data_batch]
+                    mLSE2[stats_row0 + row, head, data_batch] = lse2
+                    mdPsum[stats_row0 + row, head, data_batch] = dpsum
+            if zero_dq != 0:
+                # The block's rows of dQ's fp32 accumulator, in 16-byte stores.
+                per_row = self.head_dim // 4
+                for i in cutlass.range_constexpr(self.tile_m * per_row // THREADS):
+                    idx = i * THREADS + tidx
+                    row = m_block * self.tile_m + idx // per_row
+                    if row < seq.seqlen_q:
+                        zeros = cute.make_rmem_tensor((4,), Float32)
+                        zeros.fill(0.0)
+                        cute.autovec_copy(zeros, cute.local_tile(mdQaccum[seq.offset_q + row, None, head, data_batch],
+                                                                 (4,), (idx % per_row,)))
