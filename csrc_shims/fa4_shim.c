@@ -200,7 +200,7 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                const fa4_bwd_params *params, void *stream) {
+                const fa4_tensor *dq_semaphore, const fa4_bwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -214,7 +214,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
       (status = check_tensor("dv", dv, 4, 2, 1)) ||
       (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)) ||
       (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4, 0)) ||
-      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)))
+      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)) ||
+      (status = check_tensor("dq_semaphore", dq_semaphore, 3, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3];
@@ -239,12 +240,14 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                  (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0])))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
                 "seqused_k one entry per sequence");
+  if (params->deterministic && (dq_semaphore->shape[0] < num_seqs || dq_semaphore->shape[1] < hq))
+    return fail(FA4_ERR_BAD_TENSOR, "dq_semaphore must be (sequences, hq, m_blocks) int32 in deterministic mode");
   if (num_seqs > 65535 || hk > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
   if ((status = ready_on_current_device(index))) return status;
 
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                             seqused_k, params, (cudaStream_t)stream);
+                             seqused_k, dq_semaphore, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

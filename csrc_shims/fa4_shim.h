@@ -38,6 +38,7 @@ typedef struct {
   int32_t window_right;
   int32_t num_n_blocks;  /* K/V blocks of tile_n keys of the longest sequence: the grid's x */
   int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
+  int32_t deterministic; /* 1: add into each query block's dQ rows in K/V-block order (dq_semaphore) */
 } fa4_bwd_params;
 
 typedef struct {
@@ -89,12 +90,14 @@ int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
  * padding) and rowsum(dout * out) - dLSE, rows padded as the variant's tile_m requires: dense
  * rows >= ceil(sq / tile_m) * tile_m; varlen (b = 1) sequence i at row (cu_seqlens_q[i] + i * tile_m)
  * rounded down to a multiple of tile_m, rows >= (ceil(total_q / tile_m) + n + 1) * tile_m.
- * Launches on `stream`. */
+ * dq_semaphore (sequences, hq, m_blocks) int32, zero at launch, read when params->deterministic: one
+ * counter per query block of tile_m rows (blocks past m_blocks are added unordered); sequences is
+ * b, or n for varlen. Otherwise any int32 tensor of rank 3. Launches on `stream`. */
 int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                const fa4_bwd_params *params, void *stream);
+                const fa4_tensor *dq_semaphore, const fa4_bwd_params *params, void *stream);
 
 /* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims, varlen):
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);

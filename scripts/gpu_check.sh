@@ -8,6 +8,8 @@
 # (FA4_SANITIZE_SCRIPTS, default scripts/sanitize_new_paths.py scripts/sanitize_backward.py).
 # FA4_TESTS: the pytest selection (default: the GPU tests and the peers' checks).
 # FA4_CLOCK_PROBE=1: also SM clock and power under sustained load (scripts/clock_probe.py).
+# FA4_BENCH=0: skip the benchmark. With the flash-attn3-jax wheel in .whl (carry [".whl"]),
+# scripts/fa3_jax_peer.py times FlashAttention-3's forward and backward after it (FA4_FA3_JAX=0: not).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/device.txt"
@@ -23,7 +25,16 @@ if [ "${FA4_SANITIZE:-0}" = 1 ]; then
   done
 fi
 fa3=""; [ -f build/peers/fa3/libfa3_peer.so ] && fa3="--fa3-lib build/peers/fa3/libfa3_peer.so"
-timeout "${FA4_BENCH_TIMEOUT:-240}" python3 -m fa4.bench ${FA4_BENCH_ARGS:-} $fa3 2>&1 | tee "$OUT/bench.log" || status=1
+if [ "${FA4_BENCH:-1}" = 1 ]; then
+  timeout "${FA4_BENCH_TIMEOUT:-240}" python3 -m fa4.bench ${FA4_BENCH_ARGS:-} $fa3 2>&1 | tee "$OUT/bench.log" || status=1
+fi
+# FlashAttention-3's forward and backward through the flash-attn3-jax wheel, when carried in .whl
+# (a separate process: JAX beside torch; FA4_FA3_JAX_ARGS as scripts/fa3_jax_peer.py takes them).
+if ls .whl/flash_attn3_jax-*.whl > /dev/null 2>&1 && [ "${FA4_FA3_JAX:-1}" = 1 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/flash_attn3_jax-*.whl
+  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=/tmp/site timeout "${FA4_FA3_JAX_TIMEOUT:-180}" \
+    python3 scripts/fa3_jax_peer.py ${FA4_FA3_JAX_ARGS:-} 2>&1 | tee "$OUT/fa3_jax.log" || status=1
+fi
 if [ "${FA4_CLOCK_PROBE:-0}" = 1 ]; then
   timeout 120 python3 scripts/clock_probe.py --seconds 2 2>&1 | tee "$OUT/clock.log" || status=1
 fi

@@ -25,6 +25,7 @@ def attention(
     softcap: float = 0.0,
     return_lse: bool = False,
     pack_gqa: bool | None = None,
+    deterministic: bool | None = None,
 ):
     """Scaled dot-product attention, softmax(q k^T * scale) v, FlashAttention-style.
 
@@ -45,9 +46,12 @@ def attention(
             (their rows fill it even when seqlen_q is short, e.g. decoding, and K/V are read
             once per group). None: decided per call (``fa4.heuristics.pack_gqa_factor``);
             True needs heads_q / heads_kv in (2, 4, 8, 16). Same results either way.
+        deterministic: make the backward bitwise reproducible (dQ's additions from the K/V
+            blocks happen in a fixed order; dK and dV always are). None: on when
+            ``torch.use_deterministic_algorithms(True)`` is in effect.
 
-    On CUDA this runs fa4's compiled Hopper kernels; on CPU a chunked reference in fp32. The
-    backward currently recomputes attention chunk by chunk in plain torch ops on every device.
+    On CUDA this runs fa4's compiled Hopper kernels, forward and backward; on CPU a chunked
+    reference in fp32 (its backward a chunked recomputation in torch ops).
     """
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
@@ -55,7 +59,8 @@ def attention(
         scale = default_scale(q.shape[-1])
     window_left, window_right = window
     out, lse = torch.ops.fa4.fwd(
-        q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap), pack_gqa
+        q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap), pack_gqa,
+        _deterministic(deterministic),
     )
     return (out, lse) if return_lse else out
 
@@ -76,6 +81,7 @@ def attention_varlen(
     softcap: float = 0.0,
     return_lse: bool = False,
     pack_gqa: bool | None = None,
+    deterministic: bool | None = None,
 ):
     """Attention over packed variable-length sequences (document packing), FlashAttention's
     ``flash_attn_varlen_func`` layout.
@@ -89,7 +95,7 @@ def attention_varlen(
         max_seqlen_q, max_seqlen_k: Python ints (FlashAttention's API; the compiled kernel never
             depends on them, so new values never trigger a new variant).
         seqused_k: optional (num_sequences,) int32: use only the first seqused_k[i] keys.
-        causal, scale, window, softcap, return_lse, pack_gqa: as in :func:`attention`; masks are
+        causal, scale, window, softcap, return_lse, pack_gqa, deterministic: as in :func:`attention`; masks are
             aligned to each sequence's bottom-right corner. LSE is (heads_q, total_q) fp32.
             Automatic pack-GQA looks at max_seqlen_q.
     """
@@ -104,6 +110,13 @@ def attention_varlen(
     window_left, window_right = window
     out, lse = torch.ops.fa4.fwd_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
-        int(window_left), int(window_right), float(softcap), pack_gqa,
+        int(window_left), int(window_right), float(softcap), pack_gqa, _deterministic(deterministic),
     )
     return (out, lse) if return_lse else out
+
+
+def _deterministic(requested: bool | None) -> bool:
+    """The backward's determinism: as requested, or torch's global setting."""
+    if requested is None:
+        return torch.are_deterministic_algorithms_enabled()
+    return bool(requested)

@@ -48,6 +48,7 @@ class BwdParams(ctypes.Structure):
         ("window_right", ctypes.c_int32),
         ("num_n_blocks", ctypes.c_int32),
         ("has_seqused_k", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
     ]
 
 
@@ -98,7 +99,7 @@ def library() -> ctypes.CDLL:
     lib.fa4_fwd.restype = ctypes.c_int32
     lib.fa4_fwd.argtypes = [ctypes.c_int32] + [ptr] * 11 + [ctypes.POINTER(FwdParams), ctypes.c_void_p]
     lib.fa4_bwd.restype = ctypes.c_int32
-    lib.fa4_bwd.argtypes = [ctypes.c_int32] + [ptr] * 12 + [ctypes.POINTER(BwdParams), ctypes.c_void_p]
+    lib.fa4_bwd.argtypes = [ctypes.c_int32] + [ptr] * 13 + [ctypes.POINTER(BwdParams), ctypes.c_void_p]
     lib.fa4_bwd_preprocess.restype = ctypes.c_int32
     lib.fa4_bwd_preprocess.argtypes = [ctypes.c_int32] + [ptr] * 8 + [ctypes.POINTER(BwdPreParams), ctypes.c_void_p]
     lib.fa4_split_workspace.restype = ctypes.c_int32
@@ -170,15 +171,17 @@ def fwd(name: str, q, k, v, out, lse, semaphores, partials, cu_seqlens_q, cu_seq
 
 
 def bwd(name: str, q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k,
-        softmax_scale: float, softcap: float, window_left: int, window_right: int, num_n_blocks: int,
-        has_seqused_k: bool, stream: int) -> None:
+        dq_semaphore, softmax_scale: float, softcap: float, window_left: int, window_right: int,
+        num_n_blocks: int, has_seqused_k: bool, deterministic: bool, stream: int) -> None:
     """Launch one compiled backward (see csrc_shims/fa4_shim.h, fa4_bwd, for the argument rules)."""
     lib = library()
-    params = BwdParams(softmax_scale, softcap, window_left, window_right, num_n_blocks, int(has_seqused_k))
+    params = BwdParams(softmax_scale, softcap, window_left, window_right, num_n_blocks, int(has_seqused_k),
+                       int(deterministic))
     status = lib.fa4_bwd(
         _index(name), as_native(q), as_native(k), as_native(v), as_native(dout), as_native(lse_log2),
         as_native(dpsum), as_native(dq_accum), as_native(dk), as_native(dv), as_native(cu_seqlens_q),
-        as_native(cu_seqlens_k), as_native(seqused_k), ctypes.byref(params), ctypes.c_void_p(stream),
+        as_native(cu_seqlens_k), as_native(seqused_k), as_native(dq_semaphore), ctypes.byref(params),
+        ctypes.c_void_p(stream),
     )
     if status != 0:
         raise NativeError(f"fa4 backward kernel: {lib.fa4_last_error().decode()}")

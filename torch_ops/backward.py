@@ -5,13 +5,18 @@ preprocess  (src/fa4_kernels/sm90/bwd_preprocess.py) the row statistics the main
             padding, so those rows' probabilities are 0) and dPsum = rowsum(dO * O) - dLSE (the
             gradient through the returned LSE folds in here: d LSE / d s = p, so
             dS = p * (dP - dPsum + dLSE)); dense calls also zero dQ's fp32 accumulator there;
-main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds, dK and dV
-            written once per K/V block (GQA groups summed inside the kernel);
+main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds (or reductions
+            from registers: hd192x192, hd256), dK and dV written once per K/V block (GQA groups
+            summed inside the kernel); ``deterministic`` orders each query block's dQ additions
+            by K/V block through one int32 counter per (sequence, head, query block), zeroed
+            here per call;
 postprocess dQ converted to the input dtype (one torch op).
 No step reads a device value on the host: varlen offsets stay on the GPU; the grids cover
 max_seqlen_q / max_seqlen_k (FlashAttention's contract: they bound every sequence).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -51,11 +56,25 @@ def unsupported(q, v, mask, softcap, capability) -> NotImplementedError:
     )
 
 
+def dq_semaphores(deterministic: bool, sequences: int, heads: int, rows: int, tile_m: int, device) -> torch.Tensor:
+    """The main kernel's dQ turn counters: zeros (sequences, heads, ceil(rows / tile_m)) int32 in
+    deterministic mode (``rows``: the longest sequence's queries), else a token tensor."""
+    if not deterministic:
+        return _unused_counters(device.index)
+    return torch.zeros((sequences, heads, max(1, -(-rows // tile_m))), dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _unused_counters(index: int) -> torch.Tensor:
+    return torch.zeros((1, 1, 1), dtype=torch.int32, device=torch.device("cuda", index))
+
+
 def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mask, softmax_scale: float,
-                 softcap: float, varlen=None):
+                 softcap: float, varlen=None, deterministic: bool = False):
     """(dq, dk, dv) through the compiled kernels (``variants``: the preprocess and the main kernel).
     Tensors 4-D (batch, seqlen, heads, dim), lse/dlse 3-D; varlen = (cu_seqlens_q, cu_seqlens_k,
-    seqused_k | None, max_seqlen_q, max_seqlen_k) with batch 1."""
+    seqused_k | None, max_seqlen_q, max_seqlen_k) with batch 1. ``deterministic``: bitwise
+    reproducible dQ (dK and dV always are)."""
     from fa4.ops import _tma_ready, _unused_vector
 
     pre, main = variants
@@ -79,6 +98,11 @@ def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mas
         dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+    if varlen is None:
+        semaphores = dq_semaphores(deterministic, b, hq, sq, main["tile_m"], q.device)
+    else:
+        semaphores = dq_semaphores(deterministic, cu_q.shape[0] - 1, hq, min(max_seqlen_q, sq), main["tile_m"],
+                                   q.device)
     rows = stats_rows(sq, stats_block, None if varlen is None else cu_q.shape[0] - 1)
     lse_log2 = torch.empty((b, hq, rows), dtype=torch.float32, device=q.device)
     dpsum = torch.empty((b, hq, rows), dtype=torch.float32, device=q.device)
@@ -88,8 +112,8 @@ def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mas
     pre_args = (pre["name"], out, dout, lse, lse if dlse is None else dlse, lse_log2, dpsum, dq_accum, cu_q,
                 dlse is not None, varlen is None, num_m_blocks, stream)
     main_args = (main["name"], q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k,
-                 used_k if used_k is not None else cu_q, softmax_scale, softcap, mask.window_left, mask.window_right,
-                 num_n_blocks, varlen is not None and used_k is not None, stream)
+                 used_k if used_k is not None else cu_q, semaphores, softmax_scale, softcap, mask.window_left,
+                 mask.window_right, num_n_blocks, varlen is not None and used_k is not None, deterministic, stream)
     if torch.cuda.current_device() == q.device.index:
         _native.bwd_preprocess(*pre_args)
         _native.bwd(*main_args)

@@ -161,9 +161,12 @@ def backward_providers(causal: bool, names):
     (forward, then the gradients of q, k, v for a given dout), and the backward alone (the
     gradients through a forward graph built once per input set and kept)."""
     forward = {name: fn for name, fn in providers(causal, False).items() if name in names}
-    fa4_fwd = forward.get("fa4")
-    if fa4_fwd is not None:  # (B, H, S, Dv) like SDPA's, so one dout serves every provider
-        forward["fa4"] = lambda q, k, v: fa4_fwd(q, k, v).transpose(1, 2)
+    # (B, H, S, Dv) like SDPA's, so one dout serves every provider; "fa4det": deterministic mode.
+    for name, deterministic in (("fa4", False), ("fa4det", True)):
+        if name in names:
+            forward[name] = lambda q, k, v, d=deterministic: fa4.attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                deterministic=d).transpose(1, 2)
     out = {}
     for name, fn in forward.items():
         def step(q, k, v, dout, fn=fn):
@@ -182,7 +185,7 @@ def backward_providers(causal: bool, names):
 def bench_backward(args, dtype) -> list:
     """Forward + backward steps (FLOPs: 3.5x the forward's) and the backward alone (2.5x), every
     provider on its own inputs; rows for the summary table."""
-    names = [n for n in args.providers.split(",") if n in ("fa4", "cuDNN", "FA2")]
+    names = [n for n in args.providers.split(",") if n in ("fa4", "cuDNN", "FA2")] + ["fa4det"]
     rows = []
     print("\nbackward: TFLOP/s of forward + backward steps (3.5x forward FLOPs) and of the backward alone (2.5x)")
     for head_dim, head_dim_v in args.head_dims:
@@ -222,6 +225,92 @@ def bench_backward(args, dtype) -> list:
               + " | " + " | ".join(f"{b[n]:.0f}" for n in names_done)
               + "".join(f" | {fb['fa4'] / fb[p]:.3f}" for p in peers if "fa4" in fb) + " |")
     return rows
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, left: int, right: int) -> int:
+    """(query, key) pairs a bottom-right aligned window (left, right; -1 unbounded) lets through."""
+    total = 0
+    for i in range(seqlen_q):
+        diag = i + seqlen_k - seqlen_q
+        lo = 0 if left < 0 else max(0, diag - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, diag + right)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def bench_backward_shapes(args, dtype) -> None:
+    """fa4 training steps (forward + backward, 3.5x the forward's useful FLOPs) on the shapes
+    issue 23 compares with dense rows of the same run: GQA 32/8 heads against MHA 32/32 (equal
+    FLOPs), a 1024-key causal sliding window at 16k tokens, and --varlen-docs random-length
+    documents against dense causal batches of the same tokens. hd128."""
+    d, step = 128, lambda fn: (lambda q, k, v, do: torch.autograd.grad(fn(q, k, v), (q, k, v), do))
+
+    def sets(b, sq, sk, hq, hk):
+        out = []
+        for _ in range(3):
+            q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, requires_grad=True)
+            k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+            out.append((q, k, v, torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)))
+        return out
+
+    def tflops(fn, inputs, pairs, heads):
+        ms = time_ms(lambda i: step(fn)(*inputs[i % 3]), args.warmup, args.iters)
+        return 3.5 * 4 * d * pairs * heads / (ms * 1e-3) / 1e12
+
+    print("\nbackward shapes (hd128, fa4 fwd+bwd TFLOP/s of useful work):")
+    seqlen = 4096
+    batch = max(1, args.tokens // seqlen)
+    for causal in (False, True):
+        pairs = batch * visible_pairs(seqlen, seqlen, -1, 0 if causal else -1)
+        fn = lambda q, k, v: fa4.attention(q, k, v, causal=causal)  # noqa: E731
+        gqa, mha = tflops(fn, sets(batch, seqlen, seqlen, 32, 8), pairs, 32), \
+            tflops(fn, sets(batch, seqlen, seqlen, 32, 32), pairs, 32)
+        print(f"  GQA 32/8 vs MHA 32/32, {batch}x{seqlen}, causal={int(causal)}: {gqa:6.1f} vs {mha:6.1f}  "
+              f"ratio {gqa / mha:.3f}", flush=True)
+    window = 1024
+    pairs = visible_pairs(args.tokens, args.tokens, window, 0)
+    heads = args.hidden // d
+    fn = lambda q, k, v: fa4.attention(q, k, v, window=(window, 0))  # noqa: E731
+    print(f"  sliding window ({window}, 0), 1x{args.tokens}, {heads} heads: "
+          f"{tflops(fn, sets(1, args.tokens, args.tokens, heads, heads), pairs, heads):6.1f}", flush=True)
+    docs = max(args.varlen_docs, 8)
+    gen = torch.Generator().manual_seed(0)
+    cuts = torch.randperm(args.tokens - 1, generator=gen)[: docs - 1].add(1).sort().values
+    bounds = [0] + cuts.tolist() + [args.tokens]
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    packed = [tuple(t[0] for t in one) for one in sets(1, args.tokens, args.tokens, heads, heads)]
+    fn = lambda q, k, v: fa4.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)  # noqa: E731
+    varlen = tflops(fn, packed, sum(visible_pairs(n, n, -1, 0) for n in lengths), heads)
+    seq = args.tokens // docs
+    fn = lambda q, k, v: fa4.attention(q, k, v, causal=True)  # noqa: E731
+    dense = tflops(fn, sets(docs, seq, seq, heads, heads), docs * visible_pairs(seq, seq, -1, 0), heads)
+    print(f"  varlen {docs} documents {lengths}, causal: {varlen:6.1f} vs dense {docs}x{seq} {dense:6.1f}  "
+          f"ratio {varlen / dense:.3f}", flush=True)
+
+
+def host_step_us(head_dim: int, calls: int = 100) -> tuple[float, float]:
+    """CPU time per fa4 forward + backward step and per SDPA (cuDNN) step on a tiny problem
+    (launches queued, no sync in between; cuDNN chosen outside the loop)."""
+    import time
+
+    q, k, v = (torch.randn(1, 2, 128, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn(1, 2, 128, head_dim, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for fn in (lambda: fa4.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True),
+               lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for _ in range(10):
+                torch.autograd.grad(fn(), (q, k, v), do.transpose(1, 2))
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.autograd.grad(fn(), (q, k, v), do.transpose(1, 2))
+            elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        results.append(elapsed / calls * 1e6)
+    return results[0], results[1]
 
 
 def bench_varlen(args, dtype) -> None:
@@ -339,6 +428,8 @@ def main(argv=None):
                     help="storage of q/k/v (default bshd: fa4's and FlashAttention's layout)")
     ap.add_argument("--backward", action="store_true",
                     help="time forward + backward steps and the backward alone instead of the forward")
+    ap.add_argument("--backward-shapes", action="store_true",
+                    help="with --backward: also GQA, sliding-window and varlen training steps (hd128)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("fa4.bench needs a CUDA GPU")
@@ -353,7 +444,12 @@ def main(argv=None):
           f"TFLOP/s (median of {args.rounds} x {args.iters} samples of 5 back-to-back calls, "
           f"providers rotated between rounds)")
     if args.backward:
+        fa4_us, cudnn_us = host_step_us(args.head_dims[0][0])
+        print(f"host time per forward + backward step (hd{args.head_dims[0][0]}, causal): fa4 {fa4_us:.0f} us, "
+              f"SDPA cuDNN {cudnn_us:.0f} us")
         bench_backward(args, dtype)
+        if args.backward_shapes:
+            bench_backward_shapes(args, dtype)
         return
     if args.fa3_lib:
         from fa4 import bench_fa3

@@ -16,15 +16,16 @@ from fa4.validation import check_pack_gqa, check_qkv, check_scalars
 
 _MASK_ARGS = "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
 
+# ``deterministic`` is a backward option: the forward op carries it for autograd.
 torch.library.define(
     "fa4::fwd",
-    f"(Tensor q, Tensor k, Tensor v, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None) "
-    "-> (Tensor out, Tensor lse)",
+    f"(Tensor q, Tensor k, Tensor v, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None, "
+    "bool deterministic=False) -> (Tensor out, Tensor lse)",
 )
 torch.library.define(
     "fa4::bwd",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
-    f"float softmax_scale, {_MASK_ARGS}) -> (Tensor dq, Tensor dk, Tensor dv)",
+    f"float softmax_scale, {_MASK_ARGS}, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
 )
 
 
@@ -45,14 +46,14 @@ def _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
 # ------------------------------------------------------------------------------- forward
 @torch.library.register_fake("fa4::fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-              pack_gqa=None):
+              pack_gqa=None, deterministic=False):
     _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     return _empty_outputs(q, v)
 
 
 @torch.library.impl("fa4::fwd", "CPU")
 def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-             pack_gqa=None):
+             pack_gqa=None, deterministic=False):
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     return reference.attention_forward(q, k, v, softmax_scale, softcap, mask)
 
@@ -221,7 +222,7 @@ def _run_kernel(q, k, v, out, lse, mask, softmax_scale, softcap, varlen=None, pa
 
 @torch.library.impl("fa4::fwd", "CUDA")
 def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-              pack_gqa=None):
+              pack_gqa=None, deterministic=False):
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     out, lse = _empty_outputs(q, v)
     b, sq, hq, _ = q.shape
@@ -236,13 +237,14 @@ def _fwd_cuda(q, k, v, softmax_scale, causal=False, window_left=-1, window_right
 # ------------------------------------------------------------------------------ backward
 @torch.library.register_fake("fa4::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1,
-              window_right=-1, softcap=0.0):
+              window_right=-1, softcap=0.0, deterministic=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 @torch.library.impl("fa4::bwd", "CPU")
 def _bwd_cpu(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1, window_right=-1,
-             softcap=0.0):
+             softcap=0.0, deterministic=False):
+    # The reference is deterministic either way.
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
     return reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, mask)
 
@@ -268,21 +270,22 @@ def _bwd_variants(q, v, mask, softcap, varlen: bool) -> tuple[dict, dict]:
 
 @torch.library.impl("fa4::bwd", "CUDA")
 def _bwd_cuda(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1, window_right=-1,
-              softcap=0.0):
+              softcap=0.0, deterministic=False):
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
     if min(q.shape[0], q.shape[1], q.shape[2], k.shape[1]) == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     mask = heuristics.effective_mask(mask, q.shape[1], k.shape[1])  # as the forward ran
     variants = _bwd_variants(q, v, mask, softcap, varlen=False)
-    return backward.run_backward(variants, dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap)
+    return backward.run_backward(variants, dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap,
+                                 deterministic=deterministic)
 
 
 # ------------------------------------------------------------------------------ autograd
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _pack_gqa = inputs
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _pack_gqa, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = (softmax_scale, causal, window_left, window_right, softcap)
+    ctx.options = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
 
 
 def _backward(ctx, dout, dlse):
@@ -290,7 +293,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, dlse, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fa4::fwd", _backward, setup_context=_setup_context)

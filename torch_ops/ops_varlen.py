@@ -15,14 +15,14 @@ from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_va
 torch.library.define(
     "fa4::fwd_varlen",
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-    f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None) "
-    "-> (Tensor out, Tensor lse)",
+    f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None, "
+    "bool deterministic=False) -> (Tensor out, Tensor lse)",
 )
 torch.library.define(
     "fa4::bwd_varlen",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, Tensor cu_seqlens_q, "
     "Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-    f"{_MASK_ARGS}) -> (Tensor dq, Tensor dk, Tensor dv)",
+    f"{_MASK_ARGS}, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
 )
 
 
@@ -42,7 +42,7 @@ def _empty_outputs(q, v):
 
 @torch.library.register_fake("fa4::fwd_varlen")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None):
+              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None, deterministic=False):
     _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
              causal, window_left, window_right, softcap, pack_gqa)
     return _empty_outputs(q, v)
@@ -61,7 +61,7 @@ def _sequences(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
 
 @torch.library.impl("fa4::fwd_varlen", "CPU")
 def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-             causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None):
+             causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None, deterministic=False):
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     causal, window_left, window_right, softcap, pack_gqa)
     out, lse = _empty_outputs(q, v)
@@ -73,7 +73,7 @@ def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_s
 
 @torch.library.impl("fa4::fwd_varlen", "CUDA")
 def _fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None):
+              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None, deterministic=False):
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     causal, window_left, window_right, softcap, pack_gqa)
     out, lse = _empty_outputs(q, v)
@@ -88,13 +88,13 @@ def _fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_
 
 @torch.library.register_fake("fa4::bwd_varlen")
 def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 @torch.library.impl("fa4::bwd_varlen", "CPU")
 def _bwd_cpu(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-             softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+             softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
     """Per-sequence chunked recomputation in torch ops (reads the offsets on the host)."""
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     causal, window_left, window_right, softcap)
@@ -109,7 +109,7 @@ def _bwd_cpu(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_
 
 @torch.library.impl("fa4::bwd_varlen", "CUDA")
 def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
     mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     causal, window_left, window_right, softcap)
     if min(q.shape[0], q.shape[1], k.shape[0]) == 0:
@@ -117,15 +117,16 @@ def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused
     variants = _bwd_variants(q, v, mask, softcap, varlen=True)
     dq, dk, dv = backward.run_backward(
         variants, dout[None], q[None], k[None], v[None], out[None], lse[None], None if dlse is None else dlse[None],
-        mask, softmax_scale, softcap, varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k))
+        mask, softmax_scale, softcap, varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
+        deterministic=deterministic)
     return dq[0], dk[0], dv[0]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, used_k, max_q, max_k, scale, causal, wl, wr, softcap, _pack_gqa = inputs
+    q, k, v, cu_q, cu_k, used_k, max_q, max_k, scale, causal, wl, wr, softcap, _pack_gqa, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k)
-    ctx.options = (max_q, max_k, scale, causal, wl, wr, softcap)
+    ctx.options = (max_q, max_k, scale, causal, wl, wr, softcap, deterministic)
 
 
 def _backward(ctx, dout, dlse):
@@ -133,7 +134,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 torch.library.register_autograd("fa4::fwd_varlen", _backward, setup_context=_setup_context)

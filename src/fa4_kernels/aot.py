@@ -52,8 +52,10 @@ def dsl_version() -> str:
     return importlib.metadata.version("nvidia-cutlass-dsl")
 
 
-# Kernel files only one kind of kernel imports: an edit to one leaves the other kinds' objects cached.
-KERNEL_ONLY_SOURCES = {"sm90/fwd.py": "fwd", "sm90/bwd.py": "bwd", "sm90/bwd_preprocess.py": "bwd_pre"}
+# Kernel files only some kinds of kernel import: an edit to one leaves the other kinds' objects
+# cached. The preprocess imports the statistics layout (stats_offset) from the backward's file.
+KERNEL_ONLY_SOURCES = {"sm90/fwd.py": ("fwd",), "sm90/bwd.py": ("bwd", "bwd_pre"),
+                       "sm90/bwd_preprocess.py": ("bwd_pre",)}
 
 
 def source_digest(kernel: str) -> str:
@@ -63,7 +65,9 @@ def source_digest(kernel: str) -> str:
     h = hashlib.sha256()
     for path in sorted(KERNEL_DIR.rglob("*.py")):
         rel = path.relative_to(KERNEL_DIR).as_posix()
-        if path.name in ("aot.py", "catalog.py", "heuristics.py") or KERNEL_ONLY_SOURCES.get(rel, kernel) != kernel:
+        if path.name in ("aot.py", "catalog.py", "heuristics.py"):
+            continue
+        if kernel not in KERNEL_ONLY_SOURCES.get(rel, (kernel,)):
             continue
         h.update(rel.encode())
         h.update(path.read_bytes())
@@ -110,10 +114,10 @@ def _fake_inputs(key: catalog.VariantKey):
     def vector(element=cutlass.Int32, align=4):
         return make_fake_tensor(element, (cute.sym_int(),), stride=(1,), assumed_align=align)
 
-    def stats(divisibility=1, align=4):
-        # (batch, heads, rows) fp32, rows contiguous.
+    def stats(divisibility=1, align=4, element=Float32):
+        # (batch, heads, rows) fp32 (or int32 counters), rows contiguous.
         return make_fake_tensor(
-            Float32, tuple(cute.sym_int() for _ in range(3)),
+            element, tuple(cute.sym_int() for _ in range(3)),
             stride=(cute.sym_int64(divisibility=divisibility), cute.sym_int64(divisibility=divisibility), 1),
             assumed_align=align,
         )
@@ -151,6 +155,7 @@ def _compile_fwd(key: catalog.VariantKey):
 
 
 def _compile_bwd(key: catalog.VariantKey):
+    import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
     from cutlass.runtime import make_fake_stream
@@ -163,14 +168,17 @@ def _compile_bwd(key: catalog.VariantKey):
         dtype, key.head_dim, key.head_dim_v,
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
-        stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen,
+        stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
+        dkv_split=cfg.dkv_split,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)
+    dq_semaphore = stats(element=cutlass.Int32)
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), make_fake_stream(),
+        dq_semaphore, Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), Int32(0),
+        make_fake_stream(),
     )
 
 
@@ -251,7 +259,7 @@ TENSOR_ARGS = {
             "mSeqUsedK": "seqused_k", "mSeqOrder": "seq_order"},
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
-            "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k"},
+            "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
                 "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mCuSeqlensQ": "cu_seqlens_q"},
 }
@@ -295,12 +303,13 @@ static int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const 
 static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v, const fa4_tensor *dout,
                        const fa4_tensor *lse_log2, const fa4_tensor *dpsum, const fa4_tensor *dq_accum,
                        const fa4_tensor *dk, const fa4_tensor *dv, const fa4_tensor *cu_seqlens_q,
-                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k, const fa4_bwd_params *p,
-                       cudaStream_t stream) {{
+                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
+                       const fa4_tensor *dq_semaphore, const fa4_bwd_params *p, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_dout, &t_lse_log2, &t_dpsum, &t_dq_accum, &t_dk,
-                              &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, p->softmax_scale, p->softcap,
-                              p->window_left, p->window_right, p->num_n_blocks, p->has_seqused_k, stream);
+                              &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_dq_semaphore,
+                              p->softmax_scale, p->softcap, p->window_left, p->window_right, p->num_n_blocks,
+                              p->has_seqused_k, p->deterministic, stream);
 }}"""
     return f"""
 static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,

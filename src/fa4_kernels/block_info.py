@@ -92,6 +92,38 @@ class BlockInfo:
         m_block_min = cutlass.min(m_block_min, m_block_max - 1)
         return m_block_min, m_block_max
 
+    def first_n_block_of(self, seqlen_q, seqlen_k, m_block):
+        """The lowest K/V block whose query range (``m_block_range``) holds query block m_block.
+        Both ends of that range grow with n_block, so the blocks holding m_block are consecutive
+        from this one on: the deterministic backward orders their dQ additions by n_block minus
+        this. Causal and dense: 0; local: the first block whose last key a row of m_block (its
+        first row, window_left to the left) still sees; query block 0 is in every block's range
+        (the range is never empty)."""
+        if const_expr(not self.is_local):
+            return Int32(0)
+        left = m_block * self.block_rows + (seqlen_k - seqlen_q) - self.window_left
+        return cutlass.min(m_block, 1) * (cutlass.max(left, 0) // self.tile_n)
+
+    def last_n_block_of(self, seqlen_q, seqlen_k, m_block):
+        """The highest K/V block whose query range (``m_block_range``) holds query block m_block
+        (causal/local; the blocks holding it run from first_n_block_of on). A block's range
+        starts at or below m_block when its first seeing row is in or above m_block (B below)
+        or when no row sees it and its range falls back to its last query block (A below,
+        the K/V blocks whose window ends by query block m_block + 1; every block for the last
+        query block)."""
+        n_blocks = cute.ceil_div(seqlen_k, self.tile_n)
+        offset = seqlen_k - seqlen_q
+        right = offset
+        if const_expr(self.is_local):
+            right = right + self.window_right
+        below = cute.ceil_div(cutlass.max((m_block + 1) * self.block_rows + right, 0), self.tile_n)
+        if const_expr(self.is_local):
+            m_blocks = cutlass.max(cute.ceil_div(seqlen_q, self.block_rows), 1)
+            ended = cutlass.max((m_block + 1) * self.block_rows + offset - self.window_left, 0) // self.tile_n
+            ended = cutlass.max(ended, (m_block + 1) // m_blocks * n_blocks)
+            below = cutlass.max(below, ended)
+        return cutlass.min(below, n_blocks) - 1
+
     def m_block_min_no_right_mask(self, seqlen_q, seqlen_k, n_block, m_block_max):
         """Query blocks below this one may hold rows that must not see some key of K/V block
         n_block (causal/local right edge): from it on, every row sees every key of the block."""

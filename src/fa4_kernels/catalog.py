@@ -17,8 +17,8 @@ MASKS = ("none", "causal", "local")
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV) and its preprocess (the row
 # statistics it reads; the postprocess, dQ's conversion to the input dtype, is one torch op).
 KERNELS = ("fwd", "bwd", "bwd_pre")
-# (head_dim, head_dim_v) with a backward kernel so far; the rest raise a clear error on CUDA.
-BWD_HEAD_DIMS = ((64, 64), (128, 128))
+# (head_dim, head_dim_v) with a backward kernel: all of them.
+BWD_HEAD_DIMS = HEAD_DIMS
 
 
 @dataclass(frozen=True, order=True)

@@ -238,24 +238,30 @@ def fwd_config(key: VariantKey) -> FwdConfig:
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """The backward kernel's shape (sm90/bwd.py): tile_n keys per CTA (64 per consumer
-    warpgroup), query blocks of tile_m rows, num_stages-deep Q/dO rings, and how the two
-    consumer warpgroups share the dQ GEMM (bwd.DQ_SPLITS). FlashAttention-3's Hopper shapes
-    for these head dims (hopper/flash_bwd_launch_template.h): hd64 128 x 128 with dQ split by
-    rows; hd128 64 x 128 with dQ split by columns. Registers per consumer thread, hd128: dK and
-    dV 64 each, S^T and dP^T 32 each, dQ 32 (of 240)."""
+    """The backward kernel's shape (sm90/bwd.py): tile_n keys per CTA, query blocks of tile_m
+    rows, num_stages-deep Q/dO rings, how the two consumer warpgroups share the work
+    (``layout``: bwd.LAYOUTS) and the dQ GEMM (``dq_split``: bwd.DQ_SPLITS), and how dQ reaches
+    its fp32 accumulator (``dq_store``: bwd.DQ_STORES). FlashAttention-3's Hopper shapes
+    (hopper/flash_bwd_launch_template.h): hd64 128 x 128 with dQ split by rows; hd96 and
+    hd128 64 x 128; hd192 64 x 96 and hd256 64 x 80 with S, P and dS not transposed and dK/dV
+    computed transposed ("queries" here). Registers per consumer thread, hd128: dK and dV 64
+    each, S^T and dP^T 32 each, dQ 32 (of 240)."""
     tile_m: int
     tile_n: int
     num_stages: int
     dq_split: str
+    layout: str = "keys"
+    dq_store: str = "tma"
+    dkv_split: str = "keys"
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
-        ds = self.num_stages * self.tile_m * self.tile_n * elem_bytes
-        dq = self.tile_m * head_dim * 4
+        # dS, and P too in the "queries" layout, one tile per stage.
+        scores = (2 if self.layout == "queries" else 1) * self.num_stages * self.tile_m * self.tile_n * elem_bytes
+        dq = self.tile_m * head_dim * 4 if self.dq_store == "tma" else 0
         stats = 2 * self.num_stages * self.tile_m * 4
-        return q_do + kv + ds + dq + stats + SMEM_RESERVED
+        return q_do + kv + scores + dq + stats + SMEM_RESERVED
 
 
 def bwd_config(key: VariantKey) -> BwdConfig:
@@ -268,10 +274,27 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="single")
     elif key.head_dim <= 64:
         cfg = BwdConfig(tile_m=128, tile_n=128, num_stages=2, dq_split="rows")
+    elif key.head_dim <= 96:
+        # 48-column dQ halves do not fit K's 64-byte swizzle (32 columns): warpgroup 0 alone
+        # computes dQ, the other one starts the next block's S^T meanwhile.
+        cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="single")
     elif key.head_dim <= 128:
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="cols")
+    elif key.head_dim <= 192:
+        # dK^T (192 x 32 keys) 48 and dV^T 32-48 registers per thread, S and dP 16 each, dQ
+        # (64 x 192, one warpgroup: 96-column halves do not fit K's 64-column swizzle) 96.
+        cfg = BwdConfig(tile_m=64, tile_n=64, num_stages=2, dq_split="single", layout="queries")
+    elif key.head_dim <= 256:
+        # dK^T and dV^T 64 registers each, dQ halves 64. Every GEMM here reads both operands
+        # from shared memory, which bounds it (128 B/clk against 4096 FLOP/clk per SM): dK^T and
+        # dV^T split by head dims read 24 KB per warpgroup and block, by keys 36 KB.
+        cfg = BwdConfig(tile_m=64, tile_n=64, num_stages=2, dq_split="cols", layout="queries", dkv_split="dims")
     else:
-        raise ValueError(f"no backward kernel for head_dim {key.head_dim} yet")
+        raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
+    if cfg.smem_bytes(key.head_dim, key.head_dim_v) > SMEM_LIMIT_SM90 - 4096:
+        # The dQ staging buffer (48-64 KB) does not fit beside two Q and dO stages, K, V, P and
+        # dS with room to spare (hd192x192, hd256): dQ goes out by reductions from registers.
+        cfg = replace(cfg, dq_store="red")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     return cfg

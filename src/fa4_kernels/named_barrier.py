@@ -43,3 +43,8 @@ class BwdBarrier(enum.IntEnum):
     DQ_EMPTY = 4
     # K's and V's buffers are free for dK and dV (every dQ GEMM has read K), then filled.
     EPILOGUE = 6
+    # Deterministic dQ reductions from registers ("red"): the dQ writer's warp has waited for a
+    # query block's turn (DQ_ORDER), then the warpgroups computing dQ have issued and fenced
+    # their reductions (DQ_DONE), after which it passes the turn on.
+    DQ_ORDER = 7
+    DQ_DONE = 8

@@ -1,5 +1,6 @@
 """Inline PTX, for the few places where the DSL's generated code schedules badly, and for the
-one instruction it has no op for (``bulk_store_s2g``, a non-tensor bulk copy).
+instructions it has no op for (``bulk_store_s2g``, a non-tensor bulk copy; ``red_add_f32x2``, a
+two-word reduction; ``fence_proxy_async_global``).
 
 The register helpers are computations the compilers cannot look inside and re-fold (see the
 callers for why that matters). Pure ones may still be moved or dropped; ``loop_bound_zero`` is
@@ -72,3 +73,27 @@ def bulk_store_s2g(dst_global, src_shared, num_bytes, *, loc=None, ip=None) -> N
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+@dsl_user_op
+def red_add_f32x2(address, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
+    """``*address += a; *(address + 4) += b`` as one global reduction (relaxed, GPU scope);
+    ``address`` (an Int64 global address) 8-byte aligned."""
+    llvm.inline_asm(
+        None,
+        [Int64(address).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip),
+         Float32(b).ir_value(loc=loc, ip=ip)],
+        "red.global.add.v2.f32 [$0], {$1, $2};",
+        "l,f,f,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def fence_proxy_async_global(*, loc=None, ip=None) -> None:
+    """Order this thread's global accesses through the async proxy (bulk copies, TMA) with its
+    generic-proxy ones (a flag store or load next to a TMA reduce-add)."""
+    llvm.inline_asm(None, [], "fence.proxy.async.global;", "~{memory}", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

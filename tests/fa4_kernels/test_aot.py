@@ -70,7 +70,8 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     c = aot.generate_table(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, 1, 64, 128, 0,' in c and f"NULL, {main.name}_bwd, NULL}}" in c
-    assert "p->num_n_blocks, p->has_seqused_k, stream" in c and "t_dq_accum.dynamic_strides[1]" in c
+    assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, stream" in c
+    assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
     assert f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, 1, 128, 0, 0,' in c and f"NULL, NULL, {pre.name}_bwd_pre}}" in c
     assert "p->has_dlse, p->zero_dq, p->num_m_blocks, stream" in c
@@ -81,3 +82,17 @@ def test_unexpected_header_is_rejected(tmp_path: Path):
     header.write_text(_fake_header(KEY.name).replace("mLSE", "mOther"))
     with pytest.raises(RuntimeError, match="unexpected tensor arguments"):
         aot.generate_table([(KEY, header)])
+
+
+def test_kernel_only_sources_list_every_kind_that_imports_them():
+    """An object's cache key hashes the kernel-only files of its own kind: a kernel file that
+    imports another kind's file (the preprocess takes stats_offset from sm90/bwd.py) must have
+    that file list its kind too, or edits there would leave its objects stale."""
+    import re
+
+    for rel, kinds in aot.KERNEL_ONLY_SOURCES.items():
+        text = (aot.KERNEL_DIR / rel).read_text()
+        for other, other_kinds in aot.KERNEL_ONLY_SOURCES.items():
+            module = "fa4_kernels." + other.removesuffix(".py").replace("/", ".")
+            if other != rel and re.search(rf"^from {re.escape(module)} import", text, re.M):
+                assert set(kinds) <= set(other_kinds), (rel, other)

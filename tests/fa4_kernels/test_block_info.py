@@ -83,3 +83,27 @@ def test_packed_rows_by_shifts_match_division_by_block_rows():
             for tile_row in range(tile_m):
                 assert head_of_row(tile_row, tile_m, pack_log2) == tile_row // block_rows
                 assert row_in_head(tile_row, tile_m, pack_log2) == tile_row % block_rows
+
+
+def test_deterministic_dq_order_counts_the_k_v_blocks_that_visit_a_query_block():
+    """The backward's CTA of K/V block n visits query blocks m_block_range(n); the blocks visiting
+    one query block must be consecutive, from first_n_block_of(m) to last_n_block_of(m) (in
+    deterministic mode each waits for the ones before it in its order), for every mask and
+    shape, with the ranges' never-empty rule included."""
+    rng = random.Random(1)
+    for _ in range(600):
+        tile_n, block_rows = rng.choice([(128, 64), (128, 128), (64, 64)])
+        sq, sk = rng.randint(0, 700), rng.randint(1, 700)
+        mask = rng.choice(["none", "causal", "local"])
+        left, right = (rng.choice([0, 5, 100, 333, 1 << 30]), rng.choice([0, 7, 64, 250, 1 << 30])) \
+            if mask == "local" else (None, None)
+        info = BlockInfo(block_rows, tile_n, mask == "causal", mask == "local", left, right)
+        n_blocks = -(-sk // tile_n)
+        ranges = [tuple(map(int, info.m_block_range(sq, sk, n))) for n in range(n_blocks)]
+        for m in range(max(1, -(-sq // block_rows))):
+            visitors = [n for n, (lo, hi) in enumerate(ranges) if lo <= m < hi]
+            if visitors:
+                assert visitors == list(range(visitors[0], visitors[-1] + 1)), (sq, sk, mask, left, right, m)
+                assert int(info.first_n_block_of(sq, sk, m)) == visitors[0], (sq, sk, mask, left, right, m)
+                if mask != "none":  # masked kernels order the blocks from the last one down
+                    assert int(info.last_n_block_of(sq, sk, m)) == visitors[-1], (sq, sk, mask, left, right, m)

@@ -63,3 +63,11 @@ def test_providers_rotate_between_rounds_and_failures_are_reported(monkeypatch, 
     assert calls == ["fa4", "cuDNN", "FA2", "cuDNN", "fa4", "fa4", "cuDNN"]
     assert len(result["fa4"][1]) == 3 and math.isnan(result["FA2"][0])
     assert capsys.readouterr().out.count("FA2 failed at case") == 1
+
+
+def test_visible_pairs_counts_the_window_brute_force():
+    from fa4.bench import visible_pairs
+    for sq, sk, left, right in [(7, 7, -1, 0), (5, 9, 2, 1), (9, 5, -1, -1), (16, 16, 3, 0), (4, 10, 0, 0)]:
+        want = sum(1 for i in range(sq) for j in range(sk)
+                   if (right < 0 or j <= i + sk - sq + right) and (left < 0 or j >= i + sk - sq - left))
+        assert visible_pairs(sq, sk, left, right) == want

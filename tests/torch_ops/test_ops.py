@@ -7,6 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fa4
+from fa4.testing import naive_attention
 
 
 def test_ops_are_registered():
@@ -61,6 +62,38 @@ def test_opcheck_bwd_cpu():
     out, lse = torch.ops.fa4.fwd(q, k, v, 0.25, True)
     torch.library.opcheck(torch.ops.fa4.bwd.default, (torch.randn_like(out), q, k, v, out, lse, None, 0.25, True))
     torch.library.opcheck(torch.ops.fa4.bwd.default, (torch.randn_like(out), q, k, v, out, lse, torch.randn_like(lse), 0.25, True))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (3, 2), "softcap": 2.0},
+                                    {"causal": True, "deterministic": True}])
+def test_gradcheck_float64_reference(kwargs):
+    """The CPU reference backward against finite differences (GQA, seqlen_q != seqlen_k, a row
+    that sees no key under the causal mask); the gradient through the returned LSE against
+    autograd of the naive float64 attention (the LSE is fp32 by contract: too coarse for
+    finite differences)."""
+    q = torch.randn(1, 6, 4, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 5, 2, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: fa4.attention(q, k, v, **kwargs), (q, k, v), eps=1e-6,
+                                    atol=1e-5)
+    w = torch.randn(1, 4, 6, dtype=torch.float64)
+    mask = {key: value for key, value in kwargs.items() if key != "deterministic"}
+    # The LSE does not depend on v: its gradient there is zero (fa4) or absent (the naive one).
+    got = torch.autograd.grad(fa4.attention(q, k, v, return_lse=True, **kwargs)[1].nan_to_num(0, 0, 0).mul(w).sum(),
+                              (q, k, v))
+    want = torch.autograd.grad(naive_attention(q, k, v, **mask)[1].nan_to_num(0, 0, 0).mul(w).sum(), (q, k))
+    assert torch.count_nonzero(got[2]) == 0
+    for g, r in zip(got, want):
+        assert torch.allclose(g, r, atol=1e-5), (g - r).abs().max()
+
+
+def test_gradcheck_float64_reference_varlen():
+    cu = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    q = torch.randn(7, 2, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(7, 1, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(7, 1, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: fa4.attention_varlen(q, k, v, cu, cu, 4, 4, causal=True), (q, k, v), eps=1e-6, atol=1e-5)
 
 
 class Block(torch.nn.Module):

@@ -3,24 +3,42 @@
 One CTA per (K/V block, K/V head, batch): it holds a tile_n-row block of K and V in shared
 memory, walks the query blocks that see any of its keys (for every query head of its GQA group,
 so dK/dV of a K/V head are summed in registers and stored once, by one CTA) and accumulates
-dK and dV in registers. dQ is accumulated in fp32 in global memory by TMA reduce-adds.
+dK and dV in registers. dQ is accumulated in fp32 in global memory: by TMA reduce-adds of a
+shared-memory staging buffer (``dq_store`` "tma") or by reductions straight from the
+accumulator registers ("red": hd256, where the staging buffer does not fit beside the rings).
 
 Roles (1 + 2 warpgroups: 384 threads):
   * warpgroup 0, warp 0: producer. Loads K and V once, then for each query block a Q tile with
     its row statistics (LSE in log2 units) and a dO tile with its row sums dPsum = rowsum(dO * O),
     into ``num_stages``-deep rings (one mbarrier pipeline for Q + LSE, one for dO + dPsum).
-  * warpgroup 0, warp 1: dQ writer. For each query block, once the consumers have put their dQ
-    parts in shared memory, adds them into the fp32 dQ accumulator with one TMA reduce-add each,
-    and hands the buffer back when the copy has read it.
-  * warpgroups 1, 2: consumers, 64 keys of the block each. Per query block:
-      S^T = K @ Q^T and dP^T = V @ dO^T (keys are the rows, so P^T and dS^T come out of the
-      accumulators already laid out as the A operands of the next two GEMMs);
-      P^T = exp2(S^T * scale_log2 - LSE_log2), dS^T = P^T * (dP^T - dPsum) (times the tanh
-      derivative with softcap);
-      dV += P^T @ dO and dK += dS^T @ Q with P^T and dS^T from registers;
-      dS^T to shared memory (transposed, as dS), then dQ = dS @ K, scaled, to the dQ writer.
-    After the last query block dK (scaled) and dV go out through shared memory by TMA stores
-    (row by row where a packed sequence ends inside the block).
+  * warpgroup 0, warp 1 ("tma" only): dQ writer. For each query block, once the consumers have
+    put their dQ parts in shared memory, adds them into the fp32 dQ accumulator with one TMA
+    reduce-add each, and hands the buffer back when the copy has read it.
+  * warpgroups 1, 2: consumers. Two layouts of the work (FlashAttention-3's SdP_swapAB and
+    dKV_swapAB choices), by head dim:
+    "keys" (hd <= 128: dK/dV of 64 keys fit one warpgroup's registers): each warpgroup owns 64
+      keys. S^T = K @ Q^T and dP^T = V @ dO^T (keys are the rows, so P^T and dS^T come out of
+      the accumulators already laid out as the A operands of the next two GEMMs);
+      dV += P^T @ dO and dK += dS^T @ Q with P^T and dS^T from registers; dS^T goes to shared
+      memory (transposed, as dS) for dQ = dS @ K.
+    "queries" (hd >= 192: dK and dV of 64 keys would take 256+ registers per thread): each
+      warpgroup owns tile_n / 2 keys of a 64-row query block. S = Q @ K^T and dP = dO @ V^T
+      (queries are the rows); P and dS go to shared memory; dV^T += dO^T @ P and dK^T += Q^T @ dS
+      (head dims as rows, both operands from shared memory), then dQ = dS @ K.
+    Both: P = exp2(S * scale_log2 - LSE_log2), dS = P * (dP - dPsum) (times the tanh
+    derivative with softcap); the dQ GEMM split between the warpgroups by ``dq_split``. After
+    the last query block dK (scaled) and dV go out through shared memory by TMA stores (row by
+    row where a packed sequence ends inside the block).
+
+Deterministic mode (a run-time flag): the additions into a query block's dQ rows happen in
+K/V-block order. Each (batch, head, query block) has a counter in ``mdQsemaphore`` (zero at
+launch); the CTA of K/V block n waits until the counter reaches its turn (dq_turn), adds, waits
+for its addition to land, and increments it. The turns follow the launch order (the grid's x),
+so a CTA never waits for one launched after it and the chain cannot deadlock: ascending
+without a mask (every block's range starts at query block 0), descending with a causal or
+local mask, whose blocks then launch from the last one down (a block's first query block then
+has no earlier turn: ascending, each CTA would sit idle until its lower neighbours reached
+its first query block). dK and dV are always deterministic.
 
 Masking: a query block crossing the causal diagonal or a local window's edge is masked per
 element; with packed sequences every block is (neighbouring sequences' rows and keys are real
@@ -41,17 +59,22 @@ from fa4_kernels.block_info import BlockInfo
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
+from fa4_kernels.ptx import fence_proxy_async_global, nanosleep, red_add_f32x2, trap
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
+from fa4_kernels.split_partials import SPIN_LIMIT
 
 NUM_CONSUMER_WG = 2
 PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 DQ_WRITER_WARP = 1
 STORE_WARP = 4  # first consumer warp: issues the TMA stores of dK and dV
+LAYOUTS = ("keys", "queries")
 # How the consumer warpgroups share the dQ = dS @ K GEMM of a (tile_m, head_dim) block:
 # "rows" 64 rows each (tile_m 128), "cols" half the head dims each, "single" warpgroup 0 alone.
 DQ_SPLITS = ("rows", "cols", "single")
+DQ_STORES = ("tma", "red")
+DKV_SPLITS = ("keys", "dims")
 
 
 def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
@@ -60,6 +83,11 @@ def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
     if const_expr(is_varlen):
         return (seq.offset_q + batch_idx * stats_block) // stats_block * stats_block
     return Int32(0)
+
+
+def swap_modes(t: cute.Tensor) -> cute.Tensor:
+    """The same tensor with its two modes swapped (a transposed view)."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
 
 
 class FlashAttentionBackwardSm90:
@@ -77,11 +105,27 @@ class FlashAttentionBackwardSm90:
         dq_split: str,
         stats_block: int,
         is_varlen: bool = False,
+        layout: str = "keys",
+        dq_store: str = "tma",
+        dkv_split: str = "keys",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
-        assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
-        assert dq_split in DQ_SPLITS
-        assert (tile_m == 128) == (dq_split == "rows") and tile_m in (64, 128)
+        assert layout in LAYOUTS and dq_split in DQ_SPLITS and dq_store in DQ_STORES
+        if layout == "keys":
+            assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
+            assert (tile_m == 128) == (dq_split == "rows") and tile_m in (64, 128)
+        else:
+            # One warpgroup's 64 query rows; tile_n / 2 keys per warpgroup, a WGMMA N size. P and
+            # dS have one buffer per Q stage: with two, the next block's P overwrites a buffer
+            # only after every warpgroup has passed this block's DS_READY barrier, i.e. finished
+            # the GEMMs of the block before, which read it.
+            assert tile_m == ROWS_PER_WG and tile_n % (8 * NUM_CONSUMER_WG) == 0 and num_stages >= 2
+            assert dq_split in ("cols", "single")
+        assert dq_store == "tma" or dq_split != "rows"
+        # "queries": dK^T / dV^T split over the warpgroups by keys (each its own P and dS
+        # columns) or by head dims ("dims": each reads all of them; both dims multiples of 128).
+        assert dkv_split in DKV_SPLITS and (dkv_split == "keys" or layout == "queries")
+        assert dkv_split == "keys" or (head_dim % 128 == 0 and head_dim_v % 128 == 0)
         assert head_dim % 16 == 0 and head_dim_v % 16 == 0
         self.dtype = dtype
         self.head_dim = head_dim
@@ -94,6 +138,9 @@ class FlashAttentionBackwardSm90:
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.dq_split = dq_split
+        self.layout = layout
+        self.dq_store = dq_store
+        self.dkv_split = dkv_split
         # The statistics' padding unit (heuristics.STATS_BLOCK_ROWS), a multiple of tile_m.
         assert stats_block % tile_m == 0
         self.stats_block = stats_block
@@ -102,29 +149,56 @@ class FlashAttentionBackwardSm90:
         # dQ parts: one per warpgroup that computes dQ, each (64 rows, dq_cols columns).
         self.dq_parts = 1 if dq_split == "single" else 2
         self.dq_cols = head_dim // 2 if dq_split == "cols" else head_dim
+        # Which coordinate of the score tile is the query (its row statistics' index).
+        self.query_mode = 1 if layout == "keys" else 0
 
     # ------------------------------------------------------------------ host side
     def _tiled_mmas(self):
-        """S^T = K @ Q^T and dP^T = V @ dO^T (keys split over the warpgroups), dV = P^T @ dO and
-        dK = dS^T @ Q (A from registers), dQ = dS @ K (dq_split)."""
-        sdp = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
-        )
-        dk, dv = [
-            sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, dim),
-                a_source=warpgroup.OperandSource.RMEM,
+        """The five GEMMs' tiled MMAs: (S, dP), dK, dV, dQ. "keys": S^T = K @ Q^T and
+        dP^T = V @ dO^T (keys split over the warpgroups), dV = P^T @ dO and dK = dS^T @ Q (A from
+        registers, B the MN-major views of dO and Q). "queries": S = Q @ K^T and dP = dO @ V^T,
+        dV^T = dO^T @ P and dK^T = Q^T @ dS (both operands MN-major views in shared memory),
+        keys split over the warpgroups in all four. dQ = dS @ K (dq_split) in both."""
+        if const_expr(self.layout == "keys"):
+            sdp = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
             )
-            for dim in (self.head_dim, self.head_dim_v)
-        ]
+            dk, dv = [
+                sm90_utils.make_trivial_tiled_mma(
+                    self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                    atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, dim),
+                    a_source=warpgroup.OperandSource.RMEM,
+                )
+                for dim in (self.head_dim, self.head_dim_v)
+            ]
+        else:
+            keys_per_wg = self.tile_n // NUM_CONSUMER_WG
+            sdp = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(1, NUM_CONSUMER_WG, 1), tiler_mn=(ROWS_PER_WG, keys_per_wg),
+            )
+            by_dims = const_expr(self.dkv_split == "dims")
+            dk = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1) if by_dims else (1, NUM_CONSUMER_WG, 1),
+                tiler_mn=(ROWS_PER_WG, self.tile_n if by_dims else keys_per_wg),
+            )
+            dv = dk
         dq_atoms = {"rows": (2, 1, 1), "cols": (1, 2, 1), "single": (1, 1, 1)}[self.dq_split]
         dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
             atom_layout_mnk=dq_atoms, tiler_mn=(ROWS_PER_WG, self.dq_cols),
         )
         return sdp, dk, dv, dq
+
+    def p_buffer_elems(self, sP_layout) -> int:
+        """Elements of the P buffer: the "queries" layout's P tiles; a token one for "keys"."""
+        return cute.cosize(sP_layout) if self.layout == "queries" else 64
+
+    def dq_buffer_elems(self, sdQ_layout) -> int:
+        """Elements of the dQ staging buffer: the parts for "tma"; a token one for "red"."""
+        return cute.cosize(sdQ_layout) if self.dq_store == "tma" else 64
 
     def dq_tile_layout(self, parts_layout):
         """The (tile_m, head_dim) view of the dQ parts buffer (64, dq_cols, parts)."""
@@ -139,6 +213,13 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.is_varlen):
             return cute.domain_offset((offset, 0), t[None, None, head, 0])
         return t[None, None, head, batch_idx]
+
+    def stats_lines(self, t: cute.Tensor) -> cute.Tensor:
+        """An S-shaped accumulator (or its coordinates) as (elements, lines), each line the
+        elements of one query row (one LSE, one dPsum): the columns of S^T ("keys"), the rows
+        of S ("queries")."""
+        view = rows_cols_view(t)
+        return view if const_expr(self.layout == "keys") else swap_modes(view)
 
     @cute.jit
     def __call__(
@@ -155,12 +236,14 @@ class FlashAttentionBackwardSm90:
         mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
+        mdQsemaphore: cute.Tensor,  # (batch, heads_q, query blocks) int32, zero: deterministic only
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
         window_right: Int32,
         num_n_blocks: Int32,  # K/V blocks of the longest sequence (the grid's x)
         has_seqused_k: Int32,
+        deterministic: Int32,
         stream: cuda.CUstream,
     ):
         # Sequence-major views: (seqlen, dim, head, batch).
@@ -199,6 +282,8 @@ class FlashAttentionBackwardSm90:
         self.tx_bytes_Q = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
         self.tx_bytes_dO = cute.size_in_bytes(self.dtype, cute.select(sdO_layout, mode=[0, 1])) + self.tile_m * 4
         self.tx_bytes_KV = cute.size_in_bytes(self.dtype, sK_layout) + cute.size_in_bytes(self.dtype, sV_layout)
+        p_elems = self.p_buffer_elems(sdS_layout)
+        dq_elems = self.dq_buffer_elems(sdQ_layout)
 
         @cute.struct
         class SharedStorage:
@@ -212,7 +297,8 @@ class FlashAttentionBackwardSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
 
         if const_expr(self.has_softcap):
             # Scores s become softcap * tanh(s * scale / softcap); the exponent then needs only
@@ -227,8 +313,8 @@ class FlashAttentionBackwardSm90:
         if const_expr(self.is_varlen):
             batches = cute.size(mCuSeqlensQ.shape[0]) - 1
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdK, mdV, tma_dK, tma_dV,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdQaccum, mdK, mdV, tma_dK, tma_dV,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
             tma_atom_dK, tma_atom_dV,
             scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
@@ -252,6 +338,7 @@ class FlashAttentionBackwardSm90:
         mLSE: cute.Tensor,
         mdPsum: cute.Tensor,
         mdQ: cute.Tensor,  # TMA view of the fp32 accumulator
+        mdQaccum: cute.Tensor,  # the accumulator itself: "red" reductions
         mdK: cute.Tensor,  # plain tensors: row-by-row stores
         mdV: cute.Tensor,
         tma_dK: cute.Tensor,  # their TMA views: whole-block stores
@@ -260,6 +347,8 @@ class FlashAttentionBackwardSm90:
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,
         has_seqused_k: Int32,
+        mdQsemaphore: cute.Tensor,
+        deterministic: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -291,8 +380,15 @@ class FlashAttentionBackwardSm90:
         n_block, head_kv, batch_idx = cute.arch.block_idx()
         seq = SeqlenInfo.create(batch_idx, mQ.shape[0], mK.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                 mSeqUsedK, has_seqused_k)
+        if const_expr(self.is_causal or self.is_local):
+            if deterministic != 0:
+                # Masked, deterministic: the K/V blocks launch from the last one down, and add
+                # into each query block in that order (dq_turn): the later a block's query
+                # range starts, the earlier it launches and the sooner it can add; the blocks a
+                # CTA waits for launched before it (no deadlock).
+                n_block = cute.ceil_div(seq.seqlen_k, self.tile_n) - 1 - n_block
         # Packed sequences: the grid covers the longest one; blocks past this one's keys idle.
-        if n_block * self.tile_n < seq.seqlen_k:
+        if n_block >= 0 and n_block * self.tile_n < seq.seqlen_k:
             if warp_idx == 0:
                 for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                              tma_atom_dQ, tma_atom_dK, tma_atom_dV):
@@ -322,6 +418,8 @@ class FlashAttentionBackwardSm90:
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
             sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+            # The P tiles share dS's layout ("queries" only; a token buffer otherwise, unused).
+            sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
             sdQ_parts = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
             sdQ = storage.sdQ.get_tensor(self.dq_tile_layout(sdQ_layout.outer), swizzle=sdQ_layout.inner)
             stats_layout = cute.make_layout((self.tile_m, self.num_stages))
@@ -344,13 +442,18 @@ class FlashAttentionBackwardSm90:
                               pipeline_kv, pipeline_q, pipeline_do,
                               seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max)
                 if warp_idx == DQ_WRITER_WARP:
-                    self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, seq, head_kv, batch_idx, group,
-                                  m_block_min, m_block_max)
+                    if const_expr(self.dq_store == "tma"):
+                        self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, mdQsemaphore, deterministic, block_info, seq,
+                                      n_block, head_kv, batch_idx, group, m_block_min, m_block_max)
+                    elif deterministic != 0:
+                        self.keep_dq_turns(mdQsemaphore, block_info, seq, n_block, head_kv, batch_idx, group,
+                                           m_block_min, m_block_max)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
                 self.consume(
-                    mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ, sLSE, sdPsum,
+                    mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, mdQaccum, mdQsemaphore, deterministic,
+                    sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                     tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
                     batch_idx, group, m_block_min, m_block_max,
@@ -439,21 +542,67 @@ class FlashAttentionBackwardSm90:
                           tma_bar_ptr=bar_do)
                 state.advance()
 
+    # ---------------------------------------------------------- deterministic dQ order
+    @cute.jit
+    def dq_turn(self, mdQsemaphore: cute.Tensor, block_info: BlockInfo, seq: SeqlenInfo, n_block: Int32,
+                head: Int32, batch_idx: Int32, m_block: Int32):
+        """(counter address, this K/V block's turn) of a query block's deterministic dQ order,
+        or a turn of -1 where the counters do not reach (a query block past the host's
+        max_seqlen_q: unordered then, never out of bounds). The K/V blocks holding the query
+        block take turns in their launch order: ascending without a mask, descending with one
+        (see kernel)."""
+        turn = Int32(-1)
+        index = cutlass.Int64(0)
+        if m_block < mdQsemaphore.shape[2]:
+            if const_expr(self.is_causal or self.is_local):
+                turn = block_info.last_n_block_of(seq.seqlen_q, seq.seqlen_k, m_block) - n_block
+            else:
+                turn = n_block - block_info.first_n_block_of(seq.seqlen_q, seq.seqlen_k, m_block)
+            index = cutlass.Int64(cute.crd2idx((batch_idx, head, m_block), mdQsemaphore.layout))
+        return mdQsemaphore.iterator + index, turn
+
+    @cute.jit
+    def wait_dq_turn(self, counter, turn: Int32):
+        """Poll (acquire) until the counter reaches ``turn``; trap rather than hang."""
+        if turn >= 0:
+            polls = Int32(0)
+            while cute.arch.load(counter, Int32, sem="acquire", scope="gpu") != turn:
+                nanosleep()
+                polls += 1
+                if polls == SPIN_LIMIT:
+                    trap()
+        fence_proxy_async_global()
+
+    @cute.jit
+    def pass_dq_turn(self, counter, turn: Int32):
+        """After this thread's (or, behind a barrier, its group's) dQ additions have landed:
+        hand the query block to the next K/V block."""
+        if turn >= 0:
+            fence_proxy_async_global()
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.red(counter, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+
     @cute.jit
     def write_dq(
         self,
         mdQ: cute.Tensor,
         sdQ_parts: cute.Tensor,
         tma_atom_dQ: cute.CopyAtom,
+        mdQsemaphore: cute.Tensor,
+        deterministic: Int32,
+        block_info: BlockInfo,
         seq: SeqlenInfo,
+        n_block: Int32,
         head_kv: Int32,
         batch_idx: Int32,
         group: Int32,
         m_block_min: Int32,
         m_block_max: Int32,
     ):
-        """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add)."""
+        """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add); in
+        deterministic mode in its K/V-block turn, each addition complete before the next turn."""
         sync = THREADS_PER_WG + cute.arch.WARP_SIZE
+        lane = cute.arch.lane_idx()
         for g in cutlass.range(group, unroll=1):
             head = head_kv * group + g
             gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (ROWS_PER_WG, self.dq_cols),
@@ -463,6 +612,12 @@ class FlashAttentionBackwardSm90:
                     # The previous block's reduce-add of this part has read shared memory.
                     cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
                     cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
+                counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
+                if deterministic != 0:
+                    if lane == 0:
+                        self.wait_dq_turn(counter, turn)
+                    # The TMA copies below elect a lane among those active: all wait for lane 0.
+                    cute.arch.sync_warp()
                 for p in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_FULL) + p, number_of_threads=sync)
                     row_block = m_block * (self.tile_m // ROWS_PER_WG) + (p if const_expr(self.dq_split == "rows") else 0)
@@ -473,8 +628,36 @@ class FlashAttentionBackwardSm90:
                     )
                     cute.copy(tma_atom_dQ, tsdQ, tgdQ)
                     cute.arch.cp_async_bulk_commit_group()
+                if deterministic != 0:
+                    # Every lane waits for its own bulk groups (the elected one issued the copies).
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        self.pass_dq_turn(counter, turn)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    @cute.jit
+    def keep_dq_turns(self, mdQsemaphore: cute.Tensor, block_info: BlockInfo, seq: SeqlenInfo, n_block: Int32,
+                      head_kv: Int32, batch_idx: Int32, group: Int32, m_block_min: Int32, m_block_max: Int32):
+        """Deterministic "red" mode: the dQ writer's warp waits for each query block's turn on
+        behalf of the consumers (a polling loop in their code made ptxas serialise every
+        WGMMA), lets them reduce (DQ_ORDER), and passes the turn on once all of them have
+        fenced their reductions (DQ_DONE)."""
+        sync = THREADS_PER_WG * self.dq_parts + cute.arch.WARP_SIZE
+        lane = cute.arch.lane_idx()
+        for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
+                if lane == 0:
+                    self.wait_dq_turn(counter, turn)
+                cute.arch.sync_warp()
+                cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_ORDER), number_of_threads=sync)
+                cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_DONE), number_of_threads=sync)
+                if lane == 0:
+                    self.pass_dq_turn(counter, turn)
+
+    # ----------------------------------------------------------------------- consumers
     @cute.jit
     def consume(
         self,
@@ -484,11 +667,15 @@ class FlashAttentionBackwardSm90:
         tma_dV: cute.Tensor,
         tma_atom_dK: cute.CopyAtom,
         tma_atom_dV: cute.CopyAtom,
+        mdQaccum: cute.Tensor,
+        mdQsemaphore: cute.Tensor,
+        deterministic: Int32,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
         sdO: cute.Tensor,
         sdS: cute.Tensor,
+        sP: cute.Tensor,
         sdQ: cute.Tensor,
         sLSE: cute.Tensor,
         sdPsum: cute.Tensor,
@@ -518,36 +705,54 @@ class FlashAttentionBackwardSm90:
         wg_mma_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WG)
         wg_mma_dk = tiled_mma_dk.get_slice(wg_idx * THREADS_PER_WG)
         wg_mma_dv = tiled_mma_dv.get_slice(wg_idx * THREADS_PER_WG)
-        # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory.
-        tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
-        tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
-        tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
-        tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
-        # dV += P^T @ dO, dK += dS^T @ Q: A from registers, B the MN-major views of dO and Q.
-        tdVrP = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_shape_A((self.tile_n, self.tile_m)))
-        tdVrdOt = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sdO)))
-        tdKrdS = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_shape_A((self.tile_n, self.tile_m)))
-        tdKrQt = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sQ)))
-        acc_dK = new_accumulator(wg_mma_dk, (self.tile_n, self.head_dim))
-        acc_dV = new_accumulator(wg_mma_dv, (self.tile_n, self.head_dim_v))
-        # dS^T goes to shared memory transposed (stmatrix.trans), as the (tile_m, tile_n) dS.
-        smem_copy_dS = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
-            tiled_mma_sdp,
-        ).get_slice(tidx)
-        tdSsdS = smem_copy_dS.partition_D(transpose_smem_view(sdS))
+        if const_expr(self.layout == "keys"):
+            score_shape = (self.tile_n, self.tile_m)
+            # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory.
+            tSrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+            tSrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
+            tdPrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
+            tdPrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
+            # dV += P^T @ dO, dK += dS^T @ Q: A from registers, B the MN-major views of dO and Q.
+            tdVrA = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_shape_A(score_shape))
+            tdVrB = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sdO)))
+            tdKrA = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_shape_A(score_shape))
+            tdKrB = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sQ)))
+            acc_dK = new_accumulator(wg_mma_dk, (self.tile_n, self.head_dim))
+            acc_dV = new_accumulator(wg_mma_dv, (self.tile_n, self.head_dim_v))
+            # dS^T goes to shared memory transposed (stmatrix.trans), as the (tile_m, tile_n) dS.
+            smem_copy_scores = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
+                tiled_mma_sdp,
+            ).get_slice(tidx)
+            tdSsdS = smem_copy_scores.partition_D(transpose_smem_view(sdS))
+            tPsP = tdSsdS  # unused: P^T stays in registers
+        else:
+            score_shape = (self.tile_m, self.tile_n)
+            # S = Q @ K^T, dP = dO @ V^T: both operands K-major in shared memory.
+            tSrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sQ))
+            tSrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sK))
+            tdPrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sdO))
+            tdPrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sV))
+            # dV^T += dO^T @ P, dK^T += Q^T @ dS: transposed views of the staged tiles.
+            tdVrA = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_A(transpose_smem_view(sdO)))
+            tdVrB = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sP)))
+            tdKrA = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_A(transpose_smem_view(sQ)))
+            tdKrB = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sdS)))
+            acc_dK = new_accumulator(wg_mma_dk, (self.head_dim, self.tile_n))
+            acc_dV = new_accumulator(wg_mma_dv, (self.head_dim_v, self.tile_n))
+            smem_copy_scores = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+                tiled_mma_sdp,
+            ).get_slice(tidx)
+            tdSsdS = smem_copy_scores.partition_D(sdS)
+            tPsP = smem_copy_scores.partition_D(sP)
         # dQ = dS @ K: A = dS, B = the MN-major view of K.
         dq_part = wg_idx if const_expr(self.dq_split != "single") else Int32(0)
         wg_mma_dq = tiled_mma_dq.get_slice(dq_part * THREADS_PER_WG)
         tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sdS))
         tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_smem_view(sK)))
-        smem_copy_dQ = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq,
-        ).get_slice(tidx)
-        tdQsdQ = smem_copy_dQ.partition_D(sdQ)
-        # Query (column) index of each accumulator column of S^T, and the statistics' views.
-        tScS = rows_cols_view(thr_mma_sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))))
-        num_cols = cute.size(tScS, mode=[1])
+        # Query index of each line of the score tile, for its row statistics.
+        tScS = self.stats_lines(thr_mma_sdp.partition_C(cute.make_identity_tensor(score_shape)))
 
         mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, Int32(0),
                              block_info.window_left, block_info.window_right)
@@ -564,61 +769,46 @@ class FlashAttentionBackwardSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)  # 0 on the CTA's first query block: dK/dV start from it
         for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
             for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                 stage = state.index
-                # (1) S^T = K @ Q^T, dP^T = V @ dO^T.
+                # (1) the scores and their gradients' dot products: S and dP (transposed for "keys").
                 pipeline_q.consumer_wait(state)
-                acc_S = new_accumulator(wg_mma_sdp, (self.tile_n, self.tile_m))
-                wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], False, -1)
+                acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrA, tSrB, stage)
                 pipeline_do.consumer_wait(state)
-                acc_dP = new_accumulator(wg_mma_sdp, (self.tile_n, self.tile_m))
-                wgmma(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], False, -1)
-                # Without softcap the probabilities are computed while dP^T's GEMM runs.
+                acc_dP = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tdPrA, tdPrB, stage)
+                # (2) P = exp2(S * scale_log2 - LSE_log2), masked, (3) dS = P * (dP - dPsum).
+                # Without softcap the probabilities are computed while dP's GEMM runs.
                 warpgroup.wait_group(0 if const_expr(self.has_softcap) else 1)
-                # (2) P^T = exp2(S^T * scale_log2 - LSE_log2), masked, (3) dS^T = P^T * (dP^T - dPsum).
                 if const_expr(self.has_softcap):
                     self.probs_and_grads_softcap(acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage,
                                                  m_block, n_block, m_masked_end, m_left_start, score_scale,
                                                  softcap)
                 else:
                     self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
-                    acc_S_mn = rows_cols_view(acc_S)
-                    for c in cutlass.range_constexpr(num_cols):
-                        lse = sLSE[tScS[0, c][1], stage]
-                        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                            acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - lse, fastmath=True)
+                    acc_S_l = self.stats_lines(acc_S)
+                    for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
+                        lse = sLSE[tScS[0, c][self.query_mode], stage]
+                        for r in cutlass.range_constexpr(cute.size(acc_S_l, mode=[0])):
+                            acc_S_l[r, c] = cute.math.exp2(acc_S_l[r, c] * scale_log2 - lse, fastmath=True)
                     warpgroup.wait_group(0)
-                    acc_dP_mn = rows_cols_view(acc_dP)
-                    for c in cutlass.range_constexpr(num_cols):
-                        dpsum = sdPsum[tScS[0, c][1], stage]
-                        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-                            acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
-                store_as_operand_a(acc_S, tdVrP)
-                store_as_operand_a(acc_dP, tdKrdS)
-                # (4) dV += P^T @ dO.
-                wgmma(tiled_mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, stage], accumulate != 0, -1)
-                # (5) dS^T to shared memory; every consumer's part is needed by every dQ GEMM.
-                # tdKrdS holds the (64, tile_m) accumulator's values in its own order (one
-                # accumulator atom per warpgroup: the same order), viewed as the accumulator.
-                rdS = cute.make_tensor(tdKrdS.iterator, cute.make_layout(acc_dP.shape))
-                cute.copy(smem_copy_dS, smem_copy_dS.retile(rdS), tdSsdS[None, None, None, stage])
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
-                # (6) dQ = dS @ K, (7) dK += dS^T @ Q.
-                if const_expr(self.dq_split == "single"):
-                    if wg_idx == 0:
-                        self.dq_and_dk(True, acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
-                                       tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate,
-                                       pipeline_do, state, softmax_scale)
-                    else:
-                        self.dq_and_dk(False, acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
-                                       tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate,
-                                       pipeline_do, state, softmax_scale)
+                    acc_dP_l = self.stats_lines(acc_dP)
+                    for c in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[1])):
+                        dpsum = sdPsum[tScS[0, c][self.query_mode], stage]
+                        for r in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[0])):
+                            acc_dP_l[r, c] = acc_S_l[r, c] * (acc_dP_l[r, c] - dpsum)
+                if const_expr(self.layout == "keys"):
+                    self.dk_dv_keys(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB, smem_copy_scores,
+                                    tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv,
+                                    wg_idx, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
+                                    mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head,
+                                    batch_idx, m_block, tidx)
                 else:
-                    self.dq_and_dk(True, acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
-                                   tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate,
-                                   pipeline_do, state, softmax_scale)
-                warpgroup.wait_group(0)
+                    self.dk_dv_queries(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB,
+                                       smem_copy_scores, tPsP, tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
+                                       tiled_mma_dk, tiled_mma_dv, wg_idx, dq_part, stage, accumulate, pipeline_do,
+                                       state, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
+                                       block_info, seq, n_block, head, batch_idx, m_block, tidx)
                 pipeline_q.consumer_release(state)
                 state.advance()
                 accumulate = Int32(1)
@@ -626,75 +816,196 @@ class FlashAttentionBackwardSm90:
                           tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
     @cute.jit
+    def score_gemm(self, tiled_mma_sdp, wg_mma_sdp, score_shape, tA, tB, stage):
+        """Issue S (or dP) of one query block, left running: the staged operand (Q or dO) is B
+        for "keys", A for "queries"."""
+        acc = new_accumulator(wg_mma_sdp, score_shape)
+        if const_expr(self.layout == "keys"):
+            wgmma(tiled_mma_sdp, acc, tA, tB[None, None, None, stage], False, -1)
+        else:
+            wgmma(tiled_mma_sdp, acc, tA[None, None, None, stage], tB, False, -1)
+        return acc
+
+    @cute.jit
+    def dk_dv_keys(self, acc_S, acc_dP, acc_dK, acc_dV, tdVrP, tdVrdOt, tdKrdS, tdKrQt, smem_copy_dS, tdSsdS,
+                   tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv, wg_idx, dq_part, stage,
+                   accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
+                   block_info, seq, n_block, head, batch_idx, m_block, tidx):
+        """"keys": (4) dV += P^T @ dO from registers, (5) dS^T to shared memory (every
+        consumer's part is needed by every dQ GEMM), (6) dQ = dS @ K, (7) dK += dS^T @ Q."""
+        store_as_operand_a(acc_S, tdVrP)
+        store_as_operand_a(acc_dP, tdKrdS)
+        wgmma(tiled_mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, stage], accumulate != 0, -1)
+        # tdKrdS holds the (64, tile_m) accumulator's values in its own order (one accumulator
+        # atom per warpgroup: the same order), viewed as the accumulator.
+        rdS = cute.make_tensor(tdKrdS.iterator, cute.make_layout(acc_dP.shape))
+        cute.copy(smem_copy_dS, smem_copy_dS.retile(rdS), tdSsdS[None, None, None, stage])
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
+        if const_expr(self.dq_split == "single"):
+            if wg_idx == 0:
+                acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
+                wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
+                warpgroup.wait_group(1)
+                pipeline_do.consumer_release(state)
+                self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                              deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+            else:
+                wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
+                warpgroup.wait_group(1)
+                pipeline_do.consumer_release(state)
+        else:
+            acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
+            wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
+            warpgroup.wait_group(1)
+            pipeline_do.consumer_release(state)
+            self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                          deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def dk_dv_queries(self, acc_S, acc_dP, acc_dK, acc_dV, tdVrdOt, tdVrPt, tdKrQt, tdKrdSt, smem_copy_scores,
+                      tPsP, tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv, wg_idx,
+                      dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                      deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
+        """"queries": (4) P and dS to shared memory, (5) dV^T += dO^T @ P, dQ = dS @ K (reads
+        every warpgroup's dS: after the barrier), dK^T += Q^T @ dS; dO's stage goes back once
+        dV's GEMM has completed."""
+        for acc, dst in ((acc_S, tPsP), (acc_dP, tdSsdS)):
+            r16 = cute.make_rmem_tensor_like(acc, self.dtype)
+            r16.store(acc.load().to(self.dtype))
+            cute.copy(smem_copy_scores, smem_copy_scores.retile(r16), dst[None, None, None, stage])
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
+        wgmma(tiled_mma_dv, acc_dV, tdVrdOt[None, None, None, stage], tdVrPt[None, None, None, stage],
+              accumulate != 0, -1)
+        if const_expr(self.dq_split == "single"):
+            if wg_idx == 0:
+                acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
+                wgmma(tiled_mma_dk, acc_dK, tdKrQt[None, None, None, stage], tdKrdSt[None, None, None, stage],
+                      accumulate != 0, -1)
+                warpgroup.wait_group(2)
+                pipeline_do.consumer_release(state)
+                warpgroup.wait_group(1)
+                self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                              deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+            else:
+                wgmma(tiled_mma_dk, acc_dK, tdKrQt[None, None, None, stage], tdKrdSt[None, None, None, stage],
+                      accumulate != 0, -1)
+                warpgroup.wait_group(1)
+                pipeline_do.consumer_release(state)
+        else:
+            acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
+            wgmma(tiled_mma_dk, acc_dK, tdKrQt[None, None, None, stage], tdKrdSt[None, None, None, stage],
+                  accumulate != 0, -1)
+            warpgroup.wait_group(2)
+            pipeline_do.consumer_release(state)
+            warpgroup.wait_group(1)
+            self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                          deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+        warpgroup.wait_group(0)
+
+    @cute.jit
     def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start):
-        """The mask on S^T where this query block needs it (see consume)."""
+        """The mask on S (S^T for "keys") where this query block needs it (see consume)."""
         if const_expr(self.is_varlen):
-            mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, True, self.is_causal, self.is_local)
+            self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, True)
         elif const_expr(self.is_causal or self.is_local):
             if m_block < m_masked_end or m_block >= m_left_start:
-                mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, False, self.is_causal, self.is_local)
+                self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, False)
+
+    @cute.jit
+    def mask_block(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, mask_seqlen: cutlass.Constexpr):
+        if const_expr(self.layout == "keys"):
+            mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, mask_seqlen, self.is_causal, self.is_local)
+        else:
+            # Rows past seqlen_q need none: their LSE is +inf (the statistics' padding).
+            mask.apply(acc_S, thr_mma_sdp, m_block * self.tile_m, n_block, mask_seqlen, self.is_causal,
+                       self.is_local)
 
     @cute.jit
     def probs_and_grads_softcap(self, acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage, m_block,
                                 n_block, m_masked_end, m_left_start, score_scale, softcap):
-        """Softcap: scores s' = softcap * tanh(s * scale / softcap), P^T = exp2(s' * log2(e) -
-        LSE_log2), dS^T = P^T * (dP^T - dPsum) * (1 - tanh^2), the derivative of the cap (the
-        scale is applied to dK and dQ at the end). One pass after both GEMMs, which recomputes
+        """Softcap: scores s' = softcap * tanh(s * scale / softcap), P = exp2(s' * log2(e) -
+        LSE_log2), dS = P * (dP - dPsum) * (1 - tanh^2), the derivative of the cap (the scale
+        is applied to dK and dQ at the end). One pass after both GEMMs, which recomputes
         tanh = s' / softcap instead of keeping it: 32 more live registers spilled hd128."""
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
         self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
         inv_softcap = 1.0 / softcap
-        acc_S_mn, acc_dP_mn = rows_cols_view(acc_S), rows_cols_view(acc_dP)
-        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            lse = sLSE[tScS[0, c][1], stage]
-            dpsum = sdPsum[tScS[0, c][1], stage]
-            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                capped = acc_S_mn[r, c]
+        acc_S_l, acc_dP_l = self.stats_lines(acc_S), self.stats_lines(acc_dP)
+        for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
+            lse = sLSE[tScS[0, c][self.query_mode], stage]
+            dpsum = sdPsum[tScS[0, c][self.query_mode], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_S_l, mode=[0])):
+                capped = acc_S_l[r, c]
                 p = cute.math.exp2(capped * LOG2_E - lse, fastmath=True)
                 t = capped * inv_softcap
                 # Masked scores are -inf: their derivative factor is clamped to 0, not -inf.
                 dtanh = cutlass.max(1.0 - t * t, 0.0)
-                acc_dP_mn[r, c] = p * (acc_dP_mn[r, c] - dpsum) * dtanh
-                acc_S_mn[r, c] = p
+                acc_dP_l[r, c] = p * (acc_dP_l[r, c] - dpsum) * dtanh
+                acc_S_l[r, c] = p
 
     @cute.jit
-    def dq_and_dk(self, with_dq: cutlass.Constexpr[bool], acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq,
-                  tiled_mma_dq, tiled_mma_dk, smem_copy_dQ, tdQsdQ, dq_part, stage, accumulate, pipeline_do, state,
-                  softmax_scale):
-        """dQ = dS @ K (``with_dq``) and dK += dS^T @ Q; dO's stage goes back once dV's GEMM (issued
-        before these) has completed, and the scaled dQ to the dQ writer."""
-        if const_expr(with_dq):
-            acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
-            wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
-            wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
-            warpgroup.wait_group(1)
-            pipeline_do.consumer_release(state)
-            self.dq_to_smem(acc_dQ, smem_copy_dQ, tdQsdQ, dq_part, softmax_scale)
-        else:
-            wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
-            warpgroup.wait_group(1)
-            pipeline_do.consumer_release(state)
+    def dq_gemm(self, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage):
+        """Issue dQ = dS @ K for this warpgroup's part (left running)."""
+        acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
+        wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
+        return acc_dQ
 
     @cute.jit
-    def dq_to_smem(self, acc_dQ: cute.Tensor, smem_copy_dQ, tdQsdQ: cute.Tensor, part: Int32, softmax_scale: Float32):
-        """This warpgroup's scaled dQ part into its shared-memory buffer, for the dQ writer."""
-        sync = THREADS_PER_WG + cute.arch.WARP_SIZE
+    def store_dq(self, acc_dQ: cute.Tensor, tiled_mma_dq, part: Int32, softmax_scale: Float32, sdQ, mdQaccum,
+                 mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
+        """This warpgroup's completed dQ part, scaled, into the fp32 accumulator: through its
+        shared-memory buffer and the dQ writer ("tma"), or by reductions from registers ("red";
+        in deterministic mode behind the query block's turn, as the writer takes it)."""
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             acc_dQ[i] = acc_dQ[i] * softmax_scale
-        cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_EMPTY) + part, number_of_threads=sync)
-        cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), tdQsdQ)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part, number_of_threads=sync)
+        if const_expr(self.dq_store == "tma"):
+            smem_copy_dQ = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq,
+            ).get_slice(tidx)
+            sync = THREADS_PER_WG + cute.arch.WARP_SIZE
+            cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_EMPTY) + part, number_of_threads=sync)
+            cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part, number_of_threads=sync)
+        else:
+            sync = THREADS_PER_WG * self.dq_parts + cute.arch.WARP_SIZE
+            if deterministic != 0:  # the query block's turn (keep_dq_turns)
+                cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_ORDER), number_of_threads=sync)
+            thr_mma_dq = tiled_mma_dq.get_slice(tidx)
+            gdQ = cute.local_tile(self.tile_view(mdQaccum, head, batch_idx, seq.offset_q),
+                                  (self.tile_m, self.head_dim), (m_block, 0))
+            # Per row of this thread: one base address, the columns' offsets compile-time constants
+            # (as one address per element, ptxas kept 32 64-bit addresses live across the loop).
+            tdQgdQ = rows_cols_view(thr_mma_dq.partition_C(gdQ))
+            tdQcdQ = rows_cols_view(thr_mma_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+            acc_mn = rows_cols_view(acc_dQ)
+            rows_left = seq.seqlen_q - m_block * self.tile_m
+            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                if tdQcdQ[r, 0][0] < rows_left:
+                    row = tdQgdQ[r, None]
+                    # Accumulator columns come in pairs of neighbours: one 8-byte reduction each.
+                    for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                        address = (row.iterator + cute.crd2idx(c, row.layout)).toint()
+                        red_add_f32x2(address, acc_mn[r, c], acc_mn[r, c + 1])
+            if deterministic != 0:
+                # Each thread's reductions visible at GPU scope before the keeper passes the turn.
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_DONE), number_of_threads=sync)
 
     @cute.jit
     def epilogue_dkv(self, acc_dK, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                      tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq: SeqlenInfo, n_block, head_kv, batch_idx):
-        """dK * scale and dV through K's and V's buffers (free once every consumer's last dQ GEMM
-        has read K) to global memory: one TMA store each, or row-predicated stores where a
-        packed sequence ends inside the block (a TMA store would write the next one's rows)."""
+        """dK * scale and dV through K's and V's buffers (free once every consumer's last GEMM
+        has read K and V) to global memory: one TMA store each, or row-predicated stores where
+        a packed sequence ends inside the block (a TMA store would write the next one's rows).
+        "queries" holds dK^T and dV^T: stored transposed (stmatrix.trans)."""
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * softmax_scale
+        transposed = const_expr(self.layout == "queries")
         whole = True
         if const_expr(self.is_varlen):
             whole = (n_block + 1) * self.tile_n <= seq.seqlen_k
@@ -704,11 +1015,12 @@ class FlashAttentionBackwardSm90:
                 rX = cute.make_rmem_tensor_like(acc, self.dtype)
                 rX.store(acc.load().to(self.dtype))
                 smem_copy = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=transposed, num_matrices=4),
                                         self.dtype),
                     tiled_mma,
                 ).get_slice(tidx)
-                cute.copy(smem_copy, smem_copy.retile(rX), smem_copy.partition_D(sX))
+                dst = transpose_smem_view(sX) if const_expr(transposed) else sX
+                cute.copy(smem_copy, smem_copy.retile(rX), smem_copy.partition_D(dst))
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=int(BwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
@@ -722,14 +1034,19 @@ class FlashAttentionBackwardSm90:
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
+            key_mode = 1 if const_expr(transposed) else 0
             for acc, mX, tiled_mma, dim in ((acc_dK, mdK, tiled_mma_dk, self.head_dim),
                                             (acc_dV, mdV, tiled_mma_dv, self.head_dim_v)):
                 thr_mma = tiled_mma.get_slice(tidx)
                 gX = cute.local_tile(self.tile_view(mX, head_kv, batch_idx, seq.offset_k), (self.tile_n, dim),
                                      (n_block, 0))
+                shape = (self.tile_n, dim)
+                if const_expr(transposed):
+                    gX = swap_modes(gX)
+                    shape = (dim, self.tile_n)
                 tXgX = thr_mma.partition_C(gX)
-                tXcX = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, dim)))
+                tXcX = thr_mma.partition_C(cute.make_identity_tensor(shape))
                 limit = seq.seqlen_k - n_block * self.tile_n
                 for i in cutlass.range_constexpr(cute.size(acc)):
-                    if tXcX[i][0] < limit:
+                    if tXcX[i][key_mode] < limit:
                         tXgX[i] = acc[i].to(self.dtype)

@@ -29,6 +29,7 @@ from fa4_kernels.sm90.common import LOG2_E
 
 THREADS = 128
 VECTOR = 8  # 16-bit elements per 16-byte load
+LOADS_IN_FLIGHT = 128  # elements of O (and of dO) one thread loads before summing
 
 
 class BackwardPreprocessSm90:
@@ -43,6 +44,12 @@ class BackwardPreprocessSm90:
         self.vectors_per_thread = head_dim_v // VECTOR // self.threads_per_row
         self.rows_per_pass = THREADS // self.threads_per_row
         assert tile_m % self.rows_per_pass == 0
+        # Passes whose loads are in flight together: at most 128 elements of O and of dO per
+        # thread (all of them up to head_dim_v 128; hd192 and hd256 held 192-256 each and
+        # spilled 20-2400 local-memory accesses).
+        passes = tile_m // self.rows_per_pass
+        per_batch = max(1, LOADS_IN_FLIGHT // (VECTOR * self.vectors_per_thread))
+        self.passes_per_batch = max(d for d in range(1, passes + 1) if passes % d == 0 and d <= per_batch)
 
     @cute.jit
     def __call__(
@@ -94,39 +101,25 @@ class BackwardPreprocessSm90:
         if m_block < cutlass.max(cute.ceil_div(seq.seqlen_q, self.tile_m), 1):
             lane = tidx % self.threads_per_row
             passes = self.tile_m // self.rows_per_pass
-            # Every pass's loads first (in flight together), then the sums.
-            rO = cute.make_rmem_tensor((VECTOR, self.vectors_per_thread, passes), self.dtype)
-            rdO = cute.make_rmem_tensor((VECTOR, self.vectors_per_thread, passes), self.dtype)
-            rO.fill(0.0)
-            rdO.fill(0.0)
-            for p in cutlass.range_constexpr(passes):
-                row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
-                if row < seq.seqlen_q:
-                    for v in cutlass.range_constexpr(self.vectors_per_thread):
-                        col = (v * self.threads_per_row + lane) * VECTOR
-                        for src, dst in ((mO, rO), (mdO, rdO)):
-                            cute.autovec_copy(cute.local_tile(src[seq.offset_q + row, None, head, data_batch],
-                                                              (VECTOR,), (col // VECTOR,)), dst[None, v, p])
-            for p in cutlass.range_constexpr(passes):
-                row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
-                total = Float32(0.0)
-                for v in cutlass.range_constexpr(self.vectors_per_thread):
-                    for i in cutlass.range_constexpr(VECTOR):
-                        total += Float32(rO[i, v, p]) * Float32(rdO[i, v, p])
-                for i in cutlass.range_constexpr(int(math.log2(self.threads_per_row))):
-                    total += cute.arch.shuffle_sync_bfly(total, offset=1 << i)
-                if lane == 0:
-                    lse2 = Float32(float("inf"))
-                    dpsum = Float32(0.0)
+            batch = self.passes_per_batch
+            for b in cutlass.range_constexpr(passes // batch):
+                # A batch of passes' loads first (in flight together), then their sums.
+                rO = cute.make_rmem_tensor((VECTOR, self.vectors_per_thread, batch), self.dtype)
+                rdO = cute.make_rmem_tensor((VECTOR, self.vectors_per_thread, batch), self.dtype)
+                rO.fill(0.0)
+                rdO.fill(0.0)
+                for j in cutlass.range_constexpr(batch):
+                    row = m_block * self.tile_m + (b * batch + j) * self.rows_per_pass + tidx // self.threads_per_row
                     if row < seq.seqlen_q:
-                        lse = mLSE[seq.offset_q + row, head, data_batch]
-                        if lse != Float32(-float("inf")):
-                            lse2 = lse * LOG2_E
-                        dpsum = total
-                        if has_dlse != 0:
-                            dpsum = total - mdLSE[seq.offset_q + row, head, data_batch]
-                    mLSE2[stats_row0 + row, head, data_batch] = lse2
-                    mdPsum[stats_row0 + row, head, data_batch] = dpsum
+                        for v in cutlass.range_constexpr(self.vectors_per_thread):
+                            col = (v * self.threads_per_row + lane) * VECTOR
+                            for src, dst in ((mO, rO), (mdO, rdO)):
+                                cute.autovec_copy(cute.local_tile(src[seq.offset_q + row, None, head, data_batch],
+                                                                  (VECTOR,), (col // VECTOR,)), dst[None, v, j])
+                for j in cutlass.range_constexpr(batch):
+                    self.store_row_stats(rO, rdO, j, m_block * self.tile_m + (b * batch + j) * self.rows_per_pass
+                                         + tidx // self.threads_per_row, lane, seq, head, data_batch, stats_row0,
+                                         mLSE, mdLSE, mLSE2, mdPsum, has_dlse)
             if zero_dq != 0:
                 # The block's rows of dQ's fp32 accumulator, in 16-byte stores.
                 per_row = self.head_dim // 4
@@ -138,3 +131,28 @@ class BackwardPreprocessSm90:
                         zeros.fill(0.0)
                         cute.autovec_copy(zeros, cute.local_tile(mdQaccum[seq.offset_q + row, None, head, data_batch],
                                                                  (4,), (idx % per_row,)))
+
+    @cute.jit
+    def store_row_stats(self, rO: cute.Tensor, rdO: cute.Tensor, j: cutlass.Constexpr[int], row: Int32, lane: Int32,
+                        seq: SeqlenInfo, head: Int32, data_batch, stats_row0: Int32, mLSE: cute.Tensor,
+                        mdLSE: cute.Tensor, mLSE2: cute.Tensor, mdPsum: cute.Tensor, has_dlse: Int32):
+        """One row's dPsum (this thread's part of rowsum(dO * O) for loaded pass ``j``, summed over
+        the row's threads by shuffles) and LSE in log2 units, stored by the row's first thread."""
+        total = Float32(0.0)
+        for v in cutlass.range_constexpr(self.vectors_per_thread):
+            for i in cutlass.range_constexpr(VECTOR):
+                total += Float32(rO[i, v, j]) * Float32(rdO[i, v, j])
+        for i in cutlass.range_constexpr(int(math.log2(self.threads_per_row))):
+            total += cute.arch.shuffle_sync_bfly(total, offset=1 << i)
+        if lane == 0:
+            lse2 = Float32(float("inf"))
+            dpsum = Float32(0.0)
+            if row < seq.seqlen_q:
+                lse = mLSE[seq.offset_q + row, head, data_batch]
+                if lse != Float32(-float("inf")):
+                    lse2 = lse * LOG2_E
+                dpsum = total
+                if has_dlse != 0:
+                    dpsum = total - mdLSE[seq.offset_q + row, head, data_batch]
+            mLSE2[stats_row0 + row, head, data_batch] = lse2
+            mdPsum[stats_row0 + row, head, data_batch] = dpsum
