@@ -178,16 +178,21 @@ def backward_providers(causal: bool, names):
             if id(q) not in graphs:
                 graphs[id(q)] = fn(q, k, v)
             return torch.autograd.grad(graphs[id(q)], (q, k, v), dout, retain_graph=True)
-        out[name] = {"fwd+bwd": step, "bwd": bwd_only}
+
+        def fwd_only(q, k, v, dout, fn=fn):
+            with torch.no_grad():
+                return fn(q, k, v)
+        out[name] = {"fwd": fwd_only, "fwd+bwd": step, "bwd": bwd_only}
     return out
 
 
 def bench_backward(args, dtype) -> list:
-    """Forward + backward steps (FLOPs: 3.5x the forward's) and the backward alone (2.5x), every
-    provider on its own inputs; rows for the summary table."""
+    """The forward alone, forward + backward steps (FLOPs: 3.5x the forward's) and the backward
+    alone (2.5x), every provider on its own inputs; rows for the summary table."""
     names = [n for n in args.providers.split(",") if n in ("fa4", "cuDNN", "FA2")] + ["fa4det"]
     rows = []
-    print("\nbackward: TFLOP/s of forward + backward steps (3.5x forward FLOPs) and of the backward alone (2.5x)")
+    print("\nbackward: TFLOP/s of the forward, of forward + backward steps (3.5x forward FLOPs) and of the "
+          "backward alone (2.5x)")
     for head_dim, head_dim_v in args.head_dims:
         heads = args.hidden // head_dim
         label = head_dim_label(head_dim, head_dim_v)
@@ -203,9 +208,10 @@ def bench_backward(args, dtype) -> list:
                                                dtype=dtype).transpose(1, 2)) for qkv in grads]
                 cells, result = [], {}
                 fns = backward_providers(causal, names)
-                for kind, factor in (("fwd+bwd", 3.5), ("bwd", 2.5)):
-                    timed = time_providers({n: f[kind] for n, f in fns.items()}, make, factor * flops, args,
-                                           f"hd={label} s={seqlen} {kind}")
+                for kind, factor in (("fwd", 1.0), ("fwd+bwd", 3.5), ("bwd", 2.5)):
+                    # The deterministic mode's forward is the default one: not timed twice.
+                    timed = time_providers({n: f[kind] for n, f in fns.items() if (n, kind) != ("fa4det", "fwd")},
+                                           make, factor * flops, args, f"hd={label} s={seqlen} {kind}")
                     result[kind] = {n: r[0] for n, r in timed.items()}
                     cells.append(f"{kind}: " + "  ".join(f"{n} {r[0]:6.1f}" for n, r in timed.items()))
                 ratio = (result["fwd+bwd"].get("fa4", float("nan")) / result["fwd+bwd"]["cuDNN"]
@@ -213,16 +219,17 @@ def bench_backward(args, dtype) -> list:
                 print(f"hd={label:>3s} seqlen={seqlen:5d} causal={int(causal)}  " + "  |  ".join(cells)
                       + f"  fa4/cuDNN fwd+bwd {ratio:.3f}", flush=True)
                 rows.append((label, seqlen, causal, result))
-    names_done = list(rows[0][3]["fwd+bwd"]) if rows else []
+    names_done = list(rows[0][3]["fwd+bwd"]) if rows else []  # every provider times fwd+bwd
     peers = [n for n in names_done if n != "fa4"]
-    header = ("| head_dim | seqlen | causal | " + " | ".join(f"{n} fwd+bwd" for n in names_done)
-              + " | " + " | ".join(f"{n} bwd" for n in names_done) + "".join(f" | fa4/{p}" for p in peers) + " |")
+    kinds = ("fwd+bwd", "bwd", "fwd")
+    header = ("| head_dim | seqlen | causal | " + " | ".join(f"{n} {kind}" for kind in kinds for n in names_done)
+              + "".join(f" | fa4/{p} fwd+bwd" for p in peers) + " |")
     print("\n" + header)
     print("|" + "---|" * (header.count("|") - 1))
     for label, seqlen, causal, r in rows:
-        fb, b = r["fwd+bwd"], r["bwd"]
-        print(f"| {label} | {seqlen} | {'yes' if causal else 'no'} | " + " | ".join(f"{fb[n]:.0f}" for n in names_done)
-              + " | " + " | ".join(f"{b[n]:.0f}" for n in names_done)
+        fb = r["fwd+bwd"]
+        print(f"| {label} | {seqlen} | {'yes' if causal else 'no'} | "
+              + " | ".join(f"{r[kind].get(n, float('nan')):.0f}" for kind in kinds for n in names_done)
               + "".join(f" | {fb['fa4'] / fb[p]:.3f}" for p in peers if "fa4" in fb) + " |")
     return rows
 

@@ -12,8 +12,9 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def inline_asm(result_type, asm: str, constraints: str, args, *, volatile: bool = False, loc=None, ip=None):
-    """``asm`` with ``constraints`` ("=r,f,..."; $0 the result) on DSL scalars (Float32/Int32).
-    ``volatile``: the compilers must neither drop nor move it (LLVM's has_side_effects)."""
+    """``asm`` with ``constraints`` ("=r,f,..."; $0 the result, none for a None result_type) on
+    DSL scalars (Float32/Int32/Int64). ``volatile``: the compilers must neither drop nor move it
+    (LLVM's has_side_effects)."""
     return llvm.inline_asm(
         result_type,
         [a.ir_value(loc=loc, ip=ip) for a in args],
@@ -47,15 +48,13 @@ def loop_bound_zero(x: Int32, *, loc=None, ip=None) -> Int32:
 @dsl_user_op
 def nanosleep(*, loc=None, ip=None) -> None:
     """Back off for a while (~0.1-1 us) between polls: keeps a waiting warp off the issue slots."""
-    llvm.inline_asm(None, [], "nanosleep.u32 256;", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
+    inline_asm(None, "nanosleep.u32 256;", "", (), volatile=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def trap(*, loc=None, ip=None) -> None:
     """Abort the kernel (the launch then fails with an error instead of hanging)."""
-    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
+    inline_asm(None, "trap;", "", (), volatile=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -63,37 +62,20 @@ def bulk_store_s2g(dst_global, src_shared, num_bytes, *, loc=None, ip=None) -> N
     """One bulk (non-tensor) copy of ``num_bytes`` from shared to global memory, in the issuing
     thread's current bulk async-group (commit and wait as for TMA stores). Both addresses 16-byte
     aligned, ``num_bytes`` a multiple of 16."""
-    llvm.inline_asm(
-        None,
-        [Int64(dst_global).ir_value(loc=loc, ip=ip), Int32(src_shared).ir_value(loc=loc, ip=ip),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
-        "l,r,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    inline_asm(None, "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;", "l,r,r,~{memory}",
+               (Int64(dst_global), Int32(src_shared), Int32(num_bytes)), volatile=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def red_add_f32x2(address, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
     """``*address += a; *(address + 4) += b`` as one global reduction (relaxed, GPU scope);
     ``address`` (an Int64 global address) 8-byte aligned."""
-    llvm.inline_asm(
-        None,
-        [Int64(address).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip),
-         Float32(b).ir_value(loc=loc, ip=ip)],
-        "red.global.add.v2.f32 [$0], {$1, $2};",
-        "l,f,f,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    inline_asm(None, "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f,~{memory}",
+               (Int64(address), Float32(a), Float32(b)), volatile=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def fence_proxy_async_global(*, loc=None, ip=None) -> None:
     """Order this thread's global accesses through the async proxy (bulk copies, TMA) with its
     generic-proxy ones (a flag store or load next to a TMA reduce-add)."""
-    llvm.inline_asm(None, [], "fence.proxy.async.global;", "~{memory}", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    inline_asm(None, "fence.proxy.async.global;", "~{memory}", (), volatile=True, loc=loc, ip=ip)

@@ -842,35 +842,18 @@ class FlashAttentionBackwardSm90:
         cute.copy(smem_copy_dS, smem_copy_dS.retile(rdS), tdSsdS[None, None, None, stage])
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
-        if const_expr(self.dq_split == "single"):
-            if wg_idx == 0:
-                acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
-                wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
-                warpgroup.wait_group(1)
-                pipeline_do.consumer_release(state)
-                self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                              deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
-            else:
-                wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
-                warpgroup.wait_group(1)
-                pipeline_do.consumer_release(state)
-        else:
-            acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
-            wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
-            warpgroup.wait_group(1)
-            pipeline_do.consumer_release(state)
-            self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                          deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
-        warpgroup.wait_group(0)
+        self.dq_and_dk(acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
+                       dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                       deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
 
     @cute.jit
     def dk_dv_queries(self, acc_S, acc_dP, acc_dK, acc_dV, tdVrdOt, tdVrPt, tdKrQt, tdKrdSt, smem_copy_scores,
                       tPsP, tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv, wg_idx,
                       dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
                       deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
-        """"queries": (4) P and dS to shared memory, (5) dV^T += dO^T @ P, dQ = dS @ K (reads
-        every warpgroup's dS: after the barrier), dK^T += Q^T @ dS; dO's stage goes back once
-        dV's GEMM has completed."""
+        """"queries": (4) P and dS to shared memory (dV^T and dK^T split by head dims read every
+        warpgroup's P and dS, as dQ does), (5) dV^T += dO^T @ P, (6) dQ = dS @ K, (7) dK^T +=
+        Q^T @ dS."""
         for acc, dst in ((acc_S, tPsP), (acc_dP, tdSsdS)):
             r16 = cute.make_rmem_tensor_like(acc, self.dtype)
             r16.store(acc.load().to(self.dtype))
@@ -879,31 +862,53 @@ class FlashAttentionBackwardSm90:
         cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
         wgmma(tiled_mma_dv, acc_dV, tdVrdOt[None, None, None, stage], tdVrPt[None, None, None, stage],
               accumulate != 0, -1)
+        self.dq_and_dk(acc_dK, tdKrQt, tdKrdSt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
+                       dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                       deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+
+    @cute.jit
+    def dq_and_dk(self, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
+                  dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
+                  deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
+        """Behind dV's running GEMM: dQ = dS @ K (the warpgroups dq_split gives a part) and dK's
+        GEMM; dO's stage goes back once dV's GEMM has completed, then the scaled dQ part goes
+        to its accumulator (store_dq)."""
         if const_expr(self.dq_split == "single"):
             if wg_idx == 0:
-                acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
-                wgmma(tiled_mma_dk, acc_dK, tdKrQt[None, None, None, stage], tdKrdSt[None, None, None, stage],
-                      accumulate != 0, -1)
-                warpgroup.wait_group(2)
-                pipeline_do.consumer_release(state)
-                warpgroup.wait_group(1)
-                self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                              deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+                self.dq_and_dk_part(True, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
+                                    tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
+                                    mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
+                                    m_block, tidx)
             else:
-                wgmma(tiled_mma_dk, acc_dK, tdKrQt[None, None, None, stage], tdKrdSt[None, None, None, stage],
-                      accumulate != 0, -1)
-                warpgroup.wait_group(1)
-                pipeline_do.consumer_release(state)
+                self.dq_and_dk_part(False, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
+                                    tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
+                                    mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
+                                    m_block, tidx)
         else:
-            acc_dQ = self.dq_gemm(tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage)
-            wgmma(tiled_mma_dk, acc_dK, tdKrQt[None, None, None, stage], tdKrdSt[None, None, None, stage],
+            self.dq_and_dk_part(True, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk,
+                                dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum,
+                                mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def dq_and_dk_part(self, with_dq: cutlass.Constexpr[bool], acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq,
+                       tiled_mma_dq, tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale,
+                       sdQ, mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
+                       m_block, tidx):
+        if const_expr(with_dq):
+            acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
+            wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
+        # dK (keys: A = dS^T from registers) or dK^T (queries: both operands staged).
+        if const_expr(self.layout == "keys"):
+            wgmma(tiled_mma_dk, acc_dK, tdKrA, tdKrB[None, None, None, stage], accumulate != 0, -1)
+        else:
+            wgmma(tiled_mma_dk, acc_dK, tdKrA[None, None, None, stage], tdKrB[None, None, None, stage],
                   accumulate != 0, -1)
-            warpgroup.wait_group(2)
-            pipeline_do.consumer_release(state)
-            warpgroup.wait_group(1)
+        warpgroup.wait_group(1)
+        pipeline_do.consumer_release(state)
+        if const_expr(with_dq):
             self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
                           deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
-        warpgroup.wait_group(0)
 
     @cute.jit
     def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start):
@@ -946,13 +951,6 @@ class FlashAttentionBackwardSm90:
                 dtanh = cutlass.max(1.0 - t * t, 0.0)
                 acc_dP_l[r, c] = p * (acc_dP_l[r, c] - dpsum) * dtanh
                 acc_S_l[r, c] = p
-
-    @cute.jit
-    def dq_gemm(self, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, stage):
-        """Issue dQ = dS @ K for this warpgroup's part (left running)."""
-        acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
-        wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
-        return acc_dQ
 
     @cute.jit
     def store_dq(self, acc_dQ: cute.Tensor, tiled_mma_dq, part: Int32, softmax_scale: Float32, sdQ, mdQaccum,
