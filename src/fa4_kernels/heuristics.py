@@ -287,9 +287,10 @@ def bwd_config(key: VariantKey) -> BwdConfig:
     elif key.head_dim <= 256:
         # dK^T and dV^T 64 registers each, dQ halves 64. Every GEMM here reads both operands
         # from shared memory, which bounds it (128 B/clk against 4096 FLOP/clk per SM): dK^T and
-        # dV^T split by head dims read 24 KB per warpgroup and block, by keys 36 KB. H100, same
-        # setup as fa4.bench, backward alone TFLOP/s at 1k/4k/16k: by keys 218/260/273, by
-        # head dims 229/264/280 (causal 172/240/275 -> 186/247/278).
+        # dV^T split by head dims read 24 KB per warpgroup and block, by keys 36 KB. fa4.bench
+        # --backward on H100s (two runs, two machines: +2-5%, near the noise), backward alone
+        # at 1k/4k/16k: by keys 218/260/273, by head dims 229/264/280 (causal 172/240/275 ->
+        # 186/247/278).
         cfg = BwdConfig(tile_m=64, tile_n=64, num_stages=2, dq_split="cols", layout="queries", dkv_split="dims")
     else:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
