@@ -16,8 +16,6 @@ max_seqlen_q / max_seqlen_k (FlashAttention's contract: they bound every sequenc
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from fa4 import _native, heuristics
@@ -58,15 +56,13 @@ def unsupported(q, v, mask, softcap, capability) -> NotImplementedError:
 
 def dq_semaphores(deterministic: bool, sequences: int, heads: int, rows: int, tile_m: int, device) -> torch.Tensor:
     """The main kernel's dQ turn counters: zeros (sequences, heads, ceil(rows / tile_m)) int32 in
-    deterministic mode (``rows``: the longest sequence's queries), else a token tensor."""
+    deterministic mode (``rows``: the longest sequence's queries), else the ops' token vector
+    viewed with the rank the kernel takes (never read)."""
     if not deterministic:
-        return _unused_counters(device.index)
+        from fa4.ops import _unused_vector
+
+        return _unused_vector(device.index).view(1, 1, -1)
     return torch.zeros((sequences, heads, max(1, -(-rows // tile_m))), dtype=torch.int32, device=device)
-
-
-@functools.cache
-def _unused_counters(index: int) -> torch.Tensor:
-    return torch.zeros((1, 1, 1), dtype=torch.int32, device=torch.device("cuda", index))
 
 
 def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mask, softmax_scale: float,
