@@ -1,7 +1,8 @@
 """Small runs of every backward kernel family for compute-sanitizer (memcheck / racecheck /
 synccheck): "keys" kernels with dQ split by rows (hd64), by one warpgroup (hd96, and hd64 with
-softcap) and by columns (hd128); "queries" kernels with dQ through the TMA writer (hd192x128)
-and by register reductions (hd192x192, hd256). Each runs causal and local blocks whose query
+softcap) and by columns (hd128); "keys_roles" kernels (both warpgroups on the same keys, one
+holding dV and the other dK) with dQ staged for the TMA writer (hd192x128, hd192x192) or put in
+the finished Q/dO stage (hd256). Each runs causal and local blocks whose query
 range starts and ends inside the sequence, several query blocks per CTA (the Q/dO rings and the
 dS/P stages wrap), GQA groups looped inside a CTA, softcap, the gradient through the returned
 LSE, packed sequences with partial last K/V blocks (row-predicated dK/dV stores), empty and

@@ -169,7 +169,6 @@ def _compile_bwd(key: catalog.VariantKey):
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
-        dkv_split=cfg.dkv_split,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)

@@ -244,21 +244,26 @@ class BwdConfig:
     its fp32 accumulator (``dq_store``: bwd.DQ_STORES). FlashAttention-3's Hopper shapes
     (hopper/flash_bwd_launch_template.h): hd64 128 x 128 with dQ split by rows; hd96 and
     hd128 64 x 128; hd192 64 x 96 and hd256 64 x 80 with S, P and dS not transposed and dK/dV
-    computed transposed ("queries" here). Registers per consumer thread, hd128: dK and dV 64
-    each, S^T and dP^T 32 each, dQ 32 (of 240)."""
+    computed transposed (every GEMM's operands in shared memory; fa4's "keys_roles" keeps them
+    in registers instead). Registers per consumer thread, hd128: dK and dV 64 each, S^T and
+    dP^T 32 each, dQ 32 (of 240)."""
     tile_m: int
     tile_n: int
     num_stages: int
     dq_split: str
     layout: str = "keys"
     dq_store: str = "tma"
-    dkv_split: str = "keys"
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
-        # dS, and P too in the "queries" layout, one tile per stage.
-        scores = (2 if self.layout == "queries" else 1) * self.num_stages * self.tile_m * self.tile_n * elem_bytes
+        # dS, one tile per stage; "keys_roles": one dS tile and one fp32 P^T tile.
+        tile = self.tile_m * self.tile_n
+        if self.layout == "keys_roles":
+            scores = tile * (elem_bytes + 4)
+        else:
+            scores = self.num_stages * tile * elem_bytes
+        # "stage" puts dQ in the finished Q/dO stages.
         dq = self.tile_m * head_dim * 4 if self.dq_store == "tma" else 0
         stats = 2 * self.num_stages * self.tile_m * 4
         return q_do + kv + scores + dq + stats + SMEM_RESERVED
@@ -280,24 +285,25 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="single")
     elif key.head_dim <= 128:
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="cols")
-    elif key.head_dim <= 192:
-        # dK^T (192 x 32 keys) 48 and dV^T 32-48 registers per thread, S and dP 16 each, dQ
-        # (64 x 192, one warpgroup: 96-column halves do not fit K's 64-column swizzle) 96.
-        cfg = BwdConfig(tile_m=64, tile_n=64, num_stages=2, dq_split="single", layout="queries")
     elif key.head_dim <= 256:
-        # dK^T and dV^T 64 registers each, dQ halves 64. Every GEMM here reads both operands
-        # from shared memory, which bounds it (128 B/clk against 4096 FLOP/clk per SM): dK^T and
-        # dV^T split by head dims read 24 KB per warpgroup and block, by keys 36 KB. fa4.bench
-        # --backward on H100s (two runs, two machines: +2-5%, near the noise), backward alone
-        # at 1k/4k/16k: by keys 218/260/273, by head dims 229/264/280 (causal 172/240/275 ->
-        # 186/247/278).
-        cfg = BwdConfig(tile_m=64, tile_n=64, num_stages=2, dq_split="cols", layout="queries", dkv_split="dims")
+        # dK and dV of 64 keys: 192-256 registers per thread, so one warpgroup holds dV (with S^T
+        # and P^T), the other dK (with dP^T and dS^T); dQ by halves (48-64 registers). Every GEMM
+        # with an operand in registers or at N >= 64 (sm90/bwd.py). Before, S/dP at N = 32 per
+        # warpgroup and dK^T/dV^T with both operands in shared memory ("queries", removed),
+        # measured on one H100 (fa4.bench --backward, fwd+bwd TFLOP/s at 1k/4k/16k):
+        # hd192 256/311/329 -> 357/471/502, causal 223/301/330 -> 274/439/492; hd192x128
+        # 299/396/409 -> 314/410/439, causal 235/372/413 -> 242/384/431.
+        cfg = BwdConfig(tile_m=64, tile_n=64, num_stages=2, dq_split="cols", layout="keys_roles")
+        if cfg.smem_bytes(key.head_dim, key.head_dim_v) > SMEM_LIMIT_SM90:
+            # hd256: no room for a 64 KB staging buffer. Each warpgroup's dQ half (64 x 128 fp32)
+            # goes out through the Q or dO stage it is done with instead; global reductions from
+            # registers, the alternative, ran at the L2's atomic rate (~1.7 TB/s of dQ):
+            # 283/327/345 -> 353/473/493, causal 227/304/340 -> 277/442/501. Where both fit
+            # (hd192x192), the staging buffer measured faster: 4k/16k 445/453 through the
+            # stages, 471/502 through the buffer (a stage goes back to the producer later).
+            cfg = replace(cfg, dq_store="stage")
     else:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
-    if cfg.smem_bytes(key.head_dim, key.head_dim_v) > SMEM_LIMIT_SM90 - 4096:
-        # The dQ staging buffer (48-64 KB) does not fit beside two Q and dO stages, K, V, P and
-        # dS with room to spare (hd192x192, hd256): dQ goes out by reductions from registers.
-        cfg = replace(cfg, dq_store="red")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     return cfg

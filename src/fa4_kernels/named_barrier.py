@@ -38,13 +38,14 @@ class BwdBarrier(enum.IntEnum):
     # every dQ GEMM reads all of them.
     DS_READY = 1
     # Per dQ part (ids 2, 3): the consumer warpgroup has staged its dQ part for the dQ writer.
+    # dq_store "stage": per part and Q/dO stage (ids 2-5; no DQ_EMPTY there): a warpgroup may
+    # stage the next block's part before the writer has taken this one (deterministic turns).
     DQ_FULL = 2
-    # Per dQ part (ids 4, 5): the dQ writer's last reduce-add has read the part's buffer.
+    # Per dQ part (ids 4, 5; "tma"): the dQ writer's last reduce-add has read the part's buffer.
     DQ_EMPTY = 4
     # K's and V's buffers are free for dK and dV (every dQ GEMM has read K), then filled.
     EPILOGUE = 6
-    # Deterministic dQ reductions from registers ("red"): the dQ writer's warp has waited for a
-    # query block's turn (DQ_ORDER), then the warpgroups computing dQ have issued and fenced
-    # their reductions (DQ_DONE), after which it passes the turn on.
-    DQ_ORDER = 7
-    DQ_DONE = 8
+    # "keys_roles": warpgroup 1 has written a query block's P^T (times the softcap derivative)
+    # to shared memory; warpgroup 2 forms dS^T from it. Both roles sync (unaligned) on it, on
+    # DS_READY and on EPILOGUE.
+    P_READY = 7

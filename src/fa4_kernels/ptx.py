@@ -1,6 +1,6 @@
 """Inline PTX, for the few places where the DSL's generated code schedules badly, and for the
-instructions it has no op for (``bulk_store_s2g``, a non-tensor bulk copy; ``red_add_f32x2``, a
-two-word reduction; ``fence_proxy_async_global``).
+instructions it has no op for (``bulk_store_s2g``, a non-tensor bulk copy;
+``fence_proxy_async_global``; ``barrier_sync_unaligned``).
 
 The register helpers are computations the compilers cannot look inside and re-fold (see the
 callers for why that matters). Pure ones may still be moved or dropped; ``loop_bound_zero`` is
@@ -52,6 +52,16 @@ def nanosleep(*, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def barrier_sync_unaligned(barrier_id, num_threads, *, loc=None, ip=None) -> None:
+    """``barrier.cta.sync`` without ``.aligned``: a named barrier that warps may reach from
+    different instructions (two roles' code paths). ``bar.sync`` (the aligned form) requires
+    every participating warp to execute the same one, which compute-sanitizer's synccheck
+    reports as divergence otherwise."""
+    inline_asm(None, "barrier.cta.sync $0, $1;", "r,r,~{memory}", (Int32(barrier_id), Int32(num_threads)),
+               volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def trap(*, loc=None, ip=None) -> None:
     """Abort the kernel (the launch then fails with an error instead of hanging)."""
     inline_asm(None, "trap;", "", (), volatile=True, loc=loc, ip=ip)
@@ -64,14 +74,6 @@ def bulk_store_s2g(dst_global, src_shared, num_bytes, *, loc=None, ip=None) -> N
     aligned, ``num_bytes`` a multiple of 16."""
     inline_asm(None, "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;", "l,r,r,~{memory}",
                (Int64(dst_global), Int32(src_shared), Int32(num_bytes)), volatile=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def red_add_f32x2(address, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
-    """``*address += a; *(address + 4) += b`` as one global reduction (relaxed, GPU scope);
-    ``address`` (an Int64 global address) 8-byte aligned."""
-    inline_asm(None, "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f,~{memory}",
-               (Int64(address), Float32(a), Float32(b)), volatile=True, loc=loc, ip=ip)
 
 
 @dsl_user_op

@@ -2,11 +2,9 @@
 import concurrent.futures
 import ctypes
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,27 +78,12 @@ def test_every_shipped_object_uses_hopper_instructions():
     assert mma_rows
     for counter in ("HGMMA", "UTMALDG", "SETMAXREG"):
         assert counter in header and all(int(row[header.index(counter)]) > 0 for row in mma_rows), counter
-    # The backward's dQ reductions: TMA reduce-adds (BULKRED), or global reductions from
-    # registers where the variant's dq_store is "red" (REDG in SASS, which the tool's RED column
-    # does not count: looked for here in the disassembly).
-    red = {v["name"] for v in manifest["variants"] if v.get("dq_store") == "red"}
+    # The backward's dQ reductions: TMA reduce-adds (BULKRED) in every main kernel.
     backward = [row for row in rows if "_bwd_sm_90a_" in row[0]]
     if backward:
         assert "BULKRED" in header
-        without = [row[0] for row in backward if Path(row[0]).stem not in red and row[header.index("BULKRED")] == "0"]
+        without = [row[0] for row in backward if row[header.index("BULKRED")] == "0"]
         assert not without, without
-    red_objects = [o for o in objects if Path(o).stem in red]
-    if red_objects:
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([sys.executable, str(_sass_tool()), "--dump", tmp, *red_objects], capture_output=True,
-                           check=True)
-            cuobjdump = shutil.which("cuobjdump") or next(
-                str(Path(sp) / "nvidia" / "cu13" / "bin" / "cuobjdump") for sp in sys.path
-                if (Path(sp) / "nvidia" / "cu13" / "bin" / "cuobjdump").exists())
-            for cubin in Path(tmp).glob("*.cubin"):
-                sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True,
-                                      check=True).stdout
-                assert "REDG.E.ADD.F32" in sass, cubin.name
     # No register spills in any image. The report grows an LDL/STL column only when some image
     # has them. The 160-register (hd64) and 240-register (hd192/hd256, the backward's) consumers
     # are close to spilling: small kernel changes can tip a variant over (docs/perf_notes.md).

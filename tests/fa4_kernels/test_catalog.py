@@ -46,21 +46,20 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
         assert heuristics.STATS_BLOCK_ROWS % cfg.tile_m == 0, key.name
         assert (cfg.tile_m == 128) == (cfg.dq_split == "rows"), key.name
-        # "keys": 64 keys per consumer warpgroup; "queries": 64-row query blocks, tile_n / 2 keys
-        # per warpgroup (a WGMMA N size), where dK/dV of 64 keys would not fit the registers.
+        # "keys": 64 keys per consumer warpgroup; "keys_roles": 64 keys shared by both, one
+        # holding dV and the other dK, where dK and dV of 64 keys would not fit one warpgroup,
+        # each computing half of dQ.
         if key.head_dim <= 128:
             assert cfg.layout == "keys" and cfg.tile_n == 128, key.name
         else:
-            assert cfg.layout == "queries" and cfg.tile_m == 64 and cfg.tile_n % 16 == 0, key.name
-            assert cfg.num_stages >= 2 and cfg.dq_split != "rows", key.name
-        # dQ halves by columns need K's swizzle atom to divide head_dim / 2 (hd96, hd192: not).
+            assert cfg.layout == "keys_roles" and (cfg.tile_m, cfg.tile_n) == (64, 64), key.name
+            assert cfg.dq_split == "cols", key.name
+        # dQ halves by columns start on K's swizzle atoms (16 columns at least: hd96's 48 not).
         if cfg.dq_split == "cols":
-            assert key.head_dim in (128, 256), key.name
-        # dK^T/dV^T by head dims where both dims split into 128-row halves (hd256).
-        assert cfg.dkv_split == ("dims" if key.head_dim == 256 else "keys"), key.name
-        # Register reductions only where the staging buffer would not fit.
+            assert key.head_dim in (128, 192, 256), key.name
+        # dQ through the finished Q/dO stages only where a staging buffer does not fit.
         with_staging = dataclasses.replace(cfg, dq_store="tma").smem_bytes(key.head_dim, key.head_dim_v)
-        assert (cfg.dq_store == "red") == (with_staging > heuristics.SMEM_LIMIT_SM90 - 4096), key.name
+        assert (cfg.dq_store == "stage") == (with_staging > heuristics.SMEM_LIMIT_SM90), key.name
         # Each main kernel has the preprocess of its dtype, head dims and layout.
         assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False) in preprocess
     assert all(heuristics.kernel_config(p).tile_m == heuristics.STATS_BLOCK_ROWS for p in preprocess)
@@ -70,7 +69,7 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     assert heuristics.bwd_config(key).tile_m == 64
     assert heuristics.bwd_config(dataclasses.replace(key, softcap=False)).tile_m == 128
     assert heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 256, 256, "none", False, kernel="bwd")).dq_store \
-        == "red"
+        == "stage"
     with pytest.raises(ValueError, match="no backward kernel"):
         heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 320, 320, "none", False, kernel="bwd"))
 

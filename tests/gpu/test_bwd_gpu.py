@@ -19,8 +19,8 @@ from ..conftest import requires_hopper
 pytestmark = [pytest.mark.gpu, requires_hopper]
 
 # Every (head_dim, head_dim_v) the forward serves: "keys" kernels (hd64 with dQ by rows, hd96
-# by one warpgroup, hd128 by columns) and "queries" kernels (hd192x128 and hd192x192 with one
-# dQ warpgroup, hd256 by columns through register reductions).
+# by one warpgroup, hd128 by columns) and "keys_roles" kernels (hd192x128, hd192x192 and hd256:
+# dQ by columns, staged in a buffer of its own or, hd256, in the finished Q/dO stage).
 BWD_HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)]
 CEILING = 2e-2  # no gradient relative error above this passes, whatever the baseline
 

@@ -3,28 +3,29 @@
 One CTA per (K/V block, K/V head, batch): it holds a tile_n-row block of K and V in shared
 memory, walks the query blocks that see any of its keys (for every query head of its GQA group,
 so dK/dV of a K/V head are summed in registers and stored once, by one CTA) and accumulates
-dK and dV in registers. dQ is accumulated in fp32 in global memory: by TMA reduce-adds of a
-shared-memory staging buffer (``dq_store`` "tma") or by reductions straight from the
-accumulator registers ("red": hd256, where the staging buffer does not fit beside the rings).
+dK and dV in registers. dQ is accumulated in fp32 in global memory by TMA reduce-adds: of a
+shared-memory staging buffer (``dq_store`` "tma") or of the Q/dO stage that the query block is
+done with ("stage": hd256, where a staging buffer does not fit beside the rings).
 
 Roles (1 + 2 warpgroups: 384 threads):
   * warpgroup 0, warp 0: producer. Loads K and V once, then for each query block a Q tile with
     its row statistics (LSE in log2 units) and a dO tile with its row sums dPsum = rowsum(dO * O),
     into ``num_stages``-deep rings (one mbarrier pipeline for Q + LSE, one for dO + dPsum).
-  * warpgroup 0, warp 1 ("tma" only): dQ writer. For each query block, once the consumers have
-    put their dQ parts in shared memory, adds them into the fp32 dQ accumulator with one TMA
-    reduce-add each, and hands the buffer back when the copy has read it.
-  * warpgroups 1, 2: consumers. Two layouts of the work (FlashAttention-3's SdP_swapAB and
-    dKV_swapAB choices), by head dim:
+  * warpgroup 0, warp 1: dQ writer. For each query block, once the consumers have put their
+    dQ parts in shared memory, adds them into the fp32 dQ accumulator with one TMA reduce-add
+    each, and hands the buffer back ("tma") or the stage to the producer ("stage") when the
+    copy has read it.
+  * warpgroups 1, 2: consumers. Keys are the MMA rows: S^T = K @ Q^T and dP^T = V @ dO^T, so
+    P^T and dS^T come out of the accumulators already laid out as the A operands of
+    dV += P^T @ dO and dK += dS^T @ Q (from registers: 64 FLOP per shared-memory byte); dS^T
+    goes to shared memory (transposed, as dS) for dQ = dS @ K. Two ways to share the work, by
+    head dim:
     "keys" (hd <= 128: dK/dV of 64 keys fit one warpgroup's registers): each warpgroup owns 64
-      keys. S^T = K @ Q^T and dP^T = V @ dO^T (keys are the rows, so P^T and dS^T come out of
-      the accumulators already laid out as the A operands of the next two GEMMs);
-      dV += P^T @ dO and dK += dS^T @ Q with P^T and dS^T from registers; dS^T goes to shared
-      memory (transposed, as dS) for dQ = dS @ K.
-    "queries" (hd >= 192: dK and dV of 64 keys would take 256+ registers per thread): each
-      warpgroup owns tile_n / 2 keys of a 64-row query block. S = Q @ K^T and dP = dO @ V^T
-      (queries are the rows); P and dS go to shared memory; dV^T += dO^T @ P and dK^T += Q^T @ dS
-      (head dims as rows, both operands from shared memory), then dQ = dS @ K.
+      keys and computes all of the above for them.
+    "keys_roles" (hd192, hd256: dK and dV of 64 keys would take 192-256 registers): both own
+      the same 64 keys, one per side of the chain rule. Warpgroup 1 computes S^T, P^T and dV
+      (dV's registers), warpgroup 2 dP^T, dS^T (P^T read back, fp32, from shared memory) and dK
+      (dK's); each half of dQ's head dims.
     Both: P = exp2(S * scale_log2 - LSE_log2), dS = P * (dP - dPsum) (times the tanh
     derivative with softcap); the dQ GEMM split between the warpgroups by ``dq_split``. After
     the last query block dK (scaled) and dV go out through shared memory by TMA stores (row by
@@ -32,9 +33,10 @@ Roles (1 + 2 warpgroups: 384 threads):
 
 Deterministic mode (a run-time flag): the additions into a query block's dQ rows happen in
 K/V-block order. Each (batch, head, query block) has a counter in ``mdQsemaphore`` (zero at
-launch); the CTA of K/V block n waits until the counter reaches its turn (dq_turn), adds, waits
-for its addition to land, and increments it. The turns follow the launch order (the grid's x),
-so a CTA never waits for one launched after it and the chain cannot deadlock: ascending
+launch); the CTA of K/V block n (its dQ writer) waits until the counter reaches its turn
+(dq_turn), adds, waits for its addition to land, and increments it. The turns follow the launch
+order (the grid's x), so a CTA never waits for one launched after it and the chain cannot
+deadlock: ascending
 without a mask (every block's range starts at query block 0), descending with a causal or
 local mask, whose blocks then launch from the last one down (a block's first query block then
 has no earlier turn: ascending, each CTA would sit idle until its lower neighbours reached
@@ -59,7 +61,7 @@ from fa4_kernels.block_info import BlockInfo
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
-from fa4_kernels.ptx import fence_proxy_async_global, nanosleep, red_add_f32x2, trap
+from fa4_kernels.ptx import barrier_sync_unaligned, fence_proxy_async_global, nanosleep, trap
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
 from fa4_kernels.split_partials import SPIN_LIMIT
@@ -69,12 +71,11 @@ PRODUCER_REGS = 24
 CONSUMER_REGS = 240
 DQ_WRITER_WARP = 1
 STORE_WARP = 4  # first consumer warp: issues the TMA stores of dK and dV
-LAYOUTS = ("keys", "queries")
+LAYOUTS = ("keys", "keys_roles")
 # How the consumer warpgroups share the dQ = dS @ K GEMM of a (tile_m, head_dim) block:
 # "rows" 64 rows each (tile_m 128), "cols" half the head dims each, "single" warpgroup 0 alone.
 DQ_SPLITS = ("rows", "cols", "single")
-DQ_STORES = ("tma", "red")
-DKV_SPLITS = ("keys", "dims")
+DQ_STORES = ("tma", "stage")
 
 
 def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
@@ -83,11 +84,6 @@ def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
     if const_expr(is_varlen):
         return (seq.offset_q + batch_idx * stats_block) // stats_block * stats_block
     return Int32(0)
-
-
-def swap_modes(t: cute.Tensor) -> cute.Tensor:
-    """The same tensor with its two modes swapped (a transposed view)."""
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
 
 
 class FlashAttentionBackwardSm90:
@@ -107,7 +103,6 @@ class FlashAttentionBackwardSm90:
         is_varlen: bool = False,
         layout: str = "keys",
         dq_store: str = "tma",
-        dkv_split: str = "keys",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert layout in LAYOUTS and dq_split in DQ_SPLITS and dq_store in DQ_STORES
@@ -115,17 +110,16 @@ class FlashAttentionBackwardSm90:
             assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
             assert (tile_m == 128) == (dq_split == "rows") and tile_m in (64, 128)
         else:
-            # One warpgroup's 64 query rows; tile_n / 2 keys per warpgroup, a WGMMA N size. P and
-            # dS have one buffer per Q stage: with two, the next block's P overwrites a buffer
-            # only after every warpgroup has passed this block's DS_READY barrier, i.e. finished
-            # the GEMMs of the block before, which read it.
-            assert tile_m == ROWS_PER_WG and tile_n % (8 * NUM_CONSUMER_WG) == 0 and num_stages >= 2
-            assert dq_split in ("cols", "single")
+            # 64 keys, both warpgroups; dQ by halves of the head dims, one per warpgroup, which
+            # balances the two roles (and their barriers: see consume_roles).
+            assert tile_n == ROWS_PER_WG and tile_m == ROWS_PER_WG and dq_split == "cols"
+            assert head_dim % 64 == 0, "dQ halves: multiples of K's 32-column swizzle atom"
         assert dq_store == "tma" or dq_split != "rows"
-        # "queries": dK^T / dV^T split over the warpgroups by keys (each its own P and dS
-        # columns) or by head dims ("dims": each reads all of them; both dims multiples of 128).
-        assert dkv_split in DKV_SPLITS and (dkv_split == "keys" or layout == "queries")
-        assert dkv_split == "keys" or (head_dim % 128 == 0 and head_dim_v % 128 == 0)
+        # "stage": each warpgroup's dQ part (64 x head_dim / 2, fp32) goes out through the Q/dO
+        # stage it has finished with, which must hold it (hd256: 32 KB each).
+        # Its DQ_FULL ids are per part and stage: two stages (named_barrier.BwdBarrier).
+        assert dq_store != "stage" or (layout == "keys_roles" and dq_split == "cols" and num_stages == 2
+                                       and min(head_dim, head_dim_v) * 2 >= head_dim // 2 * 4)
         assert head_dim % 16 == 0 and head_dim_v % 16 == 0
         self.dtype = dtype
         self.head_dim = head_dim
@@ -140,7 +134,6 @@ class FlashAttentionBackwardSm90:
         self.dq_split = dq_split
         self.layout = layout
         self.dq_store = dq_store
-        self.dkv_split = dkv_split
         # The statistics' padding unit (heuristics.STATS_BLOCK_ROWS), a multiple of tile_m.
         assert stats_block % tile_m == 0
         self.stats_block = stats_block
@@ -149,17 +142,33 @@ class FlashAttentionBackwardSm90:
         # dQ parts: one per warpgroup that computes dQ, each (64 rows, dq_cols columns).
         self.dq_parts = 1 if dq_split == "single" else 2
         self.dq_cols = head_dim // 2 if dq_split == "cols" else head_dim
-        # Which coordinate of the score tile is the query (its row statistics' index).
-        self.query_mode = 1 if layout == "keys" else 0
+        # The query coordinate of the (keys, queries) score tile: its row statistics' index.
+        self.query_mode = 1
+        # dS tiles in shared memory: one per Q stage, but "keys_roles" needs one: its dS of a
+        # query block is written after the P_READY barrier, which warpgroup 1 reaches only once
+        # both dQ GEMMs of the block before (the readers) have completed.
+        self.ds_stages = 1 if layout == "keys_roles" else num_stages
 
     # ------------------------------------------------------------------ host side
     def _tiled_mmas(self):
-        """The five GEMMs' tiled MMAs: (S, dP), dK, dV, dQ. "keys": S^T = K @ Q^T and
-        dP^T = V @ dO^T (keys split over the warpgroups), dV = P^T @ dO and dK = dS^T @ Q (A from
-        registers, B the MN-major views of dO and Q). "queries": S = Q @ K^T and dP = dO @ V^T,
-        dV^T = dO^T @ P and dK^T = Q^T @ dS (both operands MN-major views in shared memory),
-        keys split over the warpgroups in all four. dQ = dS @ K (dq_split) in both."""
-        if const_expr(self.layout == "keys"):
+        """The five GEMMs' tiled MMAs: (S^T, dP^T), dK, dV, dQ. S^T = K @ Q^T and dP^T = V @ dO^T,
+        dV = P^T @ dO and dK = dS^T @ Q (A from registers, B the MN-major views of dO and Q):
+        keys split over the warpgroups ("keys") or one warpgroup's ("keys_roles"). dQ = dS @ K
+        split by dq_split."""
+        if const_expr(self.layout == "keys_roles"):
+            # One warpgroup's tiled MMAs: each role runs its own GEMMs on the same 64 keys.
+            sdp = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(1, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
+            )
+            dk, dv = [
+                sm90_utils.make_trivial_tiled_mma(
+                    self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                    atom_layout_mnk=(1, 1, 1), tiler_mn=(ROWS_PER_WG, dim), a_source=warpgroup.OperandSource.RMEM,
+                )
+                for dim in (self.head_dim, self.head_dim_v)
+            ]
+        else:
             sdp = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
                 atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
@@ -172,19 +181,6 @@ class FlashAttentionBackwardSm90:
                 )
                 for dim in (self.head_dim, self.head_dim_v)
             ]
-        else:
-            keys_per_wg = self.tile_n // NUM_CONSUMER_WG
-            sdp = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-                atom_layout_mnk=(1, NUM_CONSUMER_WG, 1), tiler_mn=(ROWS_PER_WG, keys_per_wg),
-            )
-            by_dims = const_expr(self.dkv_split == "dims")
-            dk = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1) if by_dims else (1, NUM_CONSUMER_WG, 1),
-                tiler_mn=(ROWS_PER_WG, self.tile_n if by_dims else keys_per_wg),
-            )
-            dv = dk
         dq_atoms = {"rows": (2, 1, 1), "cols": (1, 2, 1), "single": (1, 1, 1)}[self.dq_split]
         dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
@@ -192,12 +188,19 @@ class FlashAttentionBackwardSm90:
         )
         return sdp, dk, dv, dq
 
-    def p_buffer_elems(self, sP_layout) -> int:
-        """Elements of the P buffer: the "queries" layout's P tiles; a token one for "keys"."""
-        return cute.cosize(sP_layout) if self.layout == "queries" else 64
+    def p_buffer_elems(self) -> int:
+        """16-bit elements of the P buffer: "keys_roles"' fp32 P^T tile; a token one for "keys"."""
+        return 2 * self.tile_m * self.tile_n if self.layout == "keys_roles" else 64
+
+    def p_exchange_layout(self) -> cute.Layout:
+        """"keys_roles"' P^T tile, fp32, as (thread of a warpgroup, its accumulator element):
+        element pairs adjacent (8-byte accesses), consecutive threads' pairs adjacent, so a warp
+        stores and loads 256 contiguous bytes at a time (no bank conflicts)."""
+        elems = self.tile_m * self.tile_n // THREADS_PER_WG
+        return cute.make_layout((THREADS_PER_WG, (2, elems // 2)), stride=(2, (1, 2 * THREADS_PER_WG)))
 
     def dq_buffer_elems(self, sdQ_layout) -> int:
-        """Elements of the dQ staging buffer: the parts for "tma"; a token one for "red"."""
+        """Elements of the dQ staging buffer: the parts for "tma"; a token one for "stage"."""
         return cute.cosize(sdQ_layout) if self.dq_store == "tma" else 64
 
     def dq_tile_layout(self, parts_layout):
@@ -215,11 +218,9 @@ class FlashAttentionBackwardSm90:
         return t[None, None, head, batch_idx]
 
     def stats_lines(self, t: cute.Tensor) -> cute.Tensor:
-        """An S-shaped accumulator (or its coordinates) as (elements, lines), each line the
-        elements of one query row (one LSE, one dPsum): the columns of S^T ("keys"), the rows
-        of S ("queries")."""
-        view = rows_cols_view(t)
-        return view if const_expr(self.layout == "keys") else swap_modes(view)
+        """An S^T-shaped accumulator (or its coordinates) as (elements, lines), each line the
+        elements of one query (one LSE, one dPsum): the columns of S^T."""
+        return rows_cols_view(t)
 
     @cute.jit
     def __call__(
@@ -256,9 +257,10 @@ class FlashAttentionBackwardSm90:
         tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq = self._tiled_mmas()
         sQ_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
         sdO_layout = make_smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.num_stages)
-        sK_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim)
+        # dQ's halves of K's head dims (the B operand of dS @ K) start on K's swizzle atoms.
+        sK_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim, atom_cols=self.dq_cols)
         sV_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim_v)
-        sdS_layout = make_smem_layout(self.dtype, self.tile_m, self.tile_n, self.num_stages)
+        sdS_layout = make_smem_layout(self.dtype, self.tile_m, self.tile_n, self.ds_stages)
         sdQ_layout = make_smem_layout(Float32, ROWS_PER_WG, self.dq_cols, self.dq_parts)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
@@ -282,7 +284,7 @@ class FlashAttentionBackwardSm90:
         self.tx_bytes_Q = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
         self.tx_bytes_dO = cute.size_in_bytes(self.dtype, cute.select(sdO_layout, mode=[0, 1])) + self.tile_m * 4
         self.tx_bytes_KV = cute.size_in_bytes(self.dtype, sK_layout) + cute.size_in_bytes(self.dtype, sV_layout)
-        p_elems = self.p_buffer_elems(sdS_layout)
+        p_elems = self.p_buffer_elems()
         dq_elems = self.dq_buffer_elems(sdQ_layout)
 
         @cute.struct
@@ -338,7 +340,7 @@ class FlashAttentionBackwardSm90:
         mLSE: cute.Tensor,
         mdPsum: cute.Tensor,
         mdQ: cute.Tensor,  # TMA view of the fp32 accumulator
-        mdQaccum: cute.Tensor,  # the accumulator itself: "red" reductions
+        mdQaccum: cute.Tensor,  # the accumulator itself
         mdK: cute.Tensor,  # plain tensors: row-by-row stores
         mdV: cute.Tensor,
         tma_dK: cute.Tensor,  # their TMA views: whole-block stores
@@ -398,17 +400,22 @@ class FlashAttentionBackwardSm90:
             storage = smem.allocate(SharedStorage)
             producer_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
             consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // cute.arch.WARP_SIZE)
+            # "stage": a Q/dO stage goes back to the producer when the dQ writer's reduce-adds
+            # have read the dQ parts staged in it (after every consumer's GEMMs read Q and dO).
+            stage_consumers = consumer_warps
+            if const_expr(self.dq_store == "stage"):
+                stage_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
             pipeline_kv = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_KV.data_ptr(), num_stages=1, producer_group=producer_thread,
                 consumer_group=consumer_warps, tx_count=self.tx_bytes_KV, defer_sync=True,
             )
             pipeline_q = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.num_stages, producer_group=producer_thread,
-                consumer_group=consumer_warps, tx_count=self.tx_bytes_Q, defer_sync=True,
+                consumer_group=stage_consumers, tx_count=self.tx_bytes_Q, defer_sync=True,
             )
             pipeline_do = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_dO.data_ptr(), num_stages=self.num_stages, producer_group=producer_thread,
-                consumer_group=consumer_warps, tx_count=self.tx_bytes_dO, defer_sync=True,
+                consumer_group=stage_consumers, tx_count=self.tx_bytes_dO, defer_sync=True,
             )
             cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
@@ -418,10 +425,17 @@ class FlashAttentionBackwardSm90:
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
             sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-            # The P tiles share dS's layout ("queries" only; a token buffer otherwise, unused).
-            sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+            if const_expr(self.layout == "keys_roles"):
+                sP = cute.make_tensor(cute.recast_ptr(storage.sP.data_ptr(), dtype=Float32),
+                                      self.p_exchange_layout())
+            else:
+                sP = None  # P^T stays in registers
             sdQ_parts = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
             sdQ = storage.sdQ.get_tensor(self.dq_tile_layout(sdQ_layout.outer), swizzle=sdQ_layout.inner)
+            if const_expr(self.dq_store == "stage"):
+                # The dQ parts' home: the finished stages, see staged_dq_part.
+                sdQ_parts = (storage.sQ.data_ptr(), storage.sdO.data_ptr(), sdQ_layout)
+                sdQ = sdQ_parts
             stats_layout = cute.make_layout((self.tile_m, self.num_stages))
             sLSE = storage.sLSE.get_tensor(stats_layout)
             sdPsum = storage.sdPsum.get_tensor(stats_layout)
@@ -442,16 +456,14 @@ class FlashAttentionBackwardSm90:
                               pipeline_kv, pipeline_q, pipeline_do,
                               seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max)
                 if warp_idx == DQ_WRITER_WARP:
-                    if const_expr(self.dq_store == "tma"):
-                        self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, mdQsemaphore, deterministic, block_info, seq,
-                                      n_block, head_kv, batch_idx, group, m_block_min, m_block_max)
-                    elif deterministic != 0:
-                        self.keep_dq_turns(mdQsemaphore, block_info, seq, n_block, head_kv, batch_idx, group,
-                                           m_block_min, m_block_max)
+                    self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, mdQsemaphore, deterministic, block_info, seq,
+                                  n_block, head_kv, batch_idx, group, m_block_min, m_block_max, pipeline_q,
+                                  pipeline_do)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
-                self.consume(
+                consume = self.consume_roles if const_expr(self.layout == "keys_roles") else self.consume
+                consume(
                     mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, mdQaccum, mdQsemaphore, deterministic,
                     sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
@@ -598,20 +610,26 @@ class FlashAttentionBackwardSm90:
         group: Int32,
         m_block_min: Int32,
         m_block_max: Int32,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_do: pipeline.PipelineAsync,
     ):
         """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add); in
-        deterministic mode in its K/V-block turn, each addition complete before the next turn."""
+        deterministic mode in its K/V-block turn, each addition complete before the next turn.
+        "tma": from the staging buffer, handed back per part (DQ_EMPTY); "stage": from the
+        block's Q/dO stage, handed back to the producer once the reduce-adds have read it."""
         sync = THREADS_PER_WG + cute.arch.WARP_SIZE
         lane = cute.arch.lane_idx()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for g in cutlass.range(group, unroll=1):
             head = head_kv * group + g
             gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (ROWS_PER_WG, self.dq_cols),
                                   (None, None))
             for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                for p in cutlass.range_constexpr(self.dq_parts):
-                    # The previous block's reduce-add of this part has read shared memory.
-                    cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
-                    cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
+                if const_expr(self.dq_store == "tma"):
+                    for p in cutlass.range_constexpr(self.dq_parts):
+                        # The previous block's reduce-add of this part has read shared memory.
+                        cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
+                        cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
                 counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
                 if deterministic != 0:
                     if lane == 0:
@@ -619,11 +637,18 @@ class FlashAttentionBackwardSm90:
                     # The TMA copies below elect a lane among those active: all wait for lane 0.
                     cute.arch.sync_warp()
                 for p in cutlass.range_constexpr(self.dq_parts):
-                    cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_FULL) + p, number_of_threads=sync)
+                    full_id = int(BwdBarrier.DQ_FULL) + p
+                    if const_expr(self.dq_store == "stage"):
+                        full_id = full_id + 2 * state.index
+                    cute.arch.barrier(barrier_id=full_id, number_of_threads=sync)
                     row_block = m_block * (self.tile_m // ROWS_PER_WG) + (p if const_expr(self.dq_split == "rows") else 0)
                     col_block = p if const_expr(self.dq_split == "cols") else 0
+                    if const_expr(self.dq_store == "stage"):
+                        src = self.staged_dq_part(sdQ_parts, p, state.index)
+                    else:
+                        src = sdQ_parts[None, None, p]
                     tsdQ, tgdQ = cpasync.tma_partition(
-                        tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(sdQ_parts[None, None, p], 0, 2),
+                        tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(src, 0, 2),
                         cute.group_modes(gdQ[None, None, row_block, col_block], 0, 2),
                     )
                     cute.copy(tma_atom_dQ, tsdQ, tgdQ)
@@ -634,28 +659,29 @@ class FlashAttentionBackwardSm90:
                     cute.arch.sync_warp()
                     if lane == 0:
                         self.pass_dq_turn(counter, turn)
+                if const_expr(self.dq_store == "stage"):
+                    # Every lane waits for its own bulk groups (the elected one issued the copies).
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.sync_warp()
+                    pipeline_q.consumer_release(state)
+                    pipeline_do.consumer_release(state)
+                    state.advance()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def keep_dq_turns(self, mdQsemaphore: cute.Tensor, block_info: BlockInfo, seq: SeqlenInfo, n_block: Int32,
-                      head_kv: Int32, batch_idx: Int32, group: Int32, m_block_min: Int32, m_block_max: Int32):
-        """Deterministic "red" mode: the dQ writer's warp waits for each query block's turn on
-        behalf of the consumers (a polling loop in their code made ptxas serialise every
-        WGMMA), lets them reduce (DQ_ORDER), and passes the turn on once all of them have
-        fenced their reductions (DQ_DONE)."""
-        sync = THREADS_PER_WG * self.dq_parts + cute.arch.WARP_SIZE
-        lane = cute.arch.lane_idx()
-        for g in cutlass.range(group, unroll=1):
-            head = head_kv * group + g
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
-                if lane == 0:
-                    self.wait_dq_turn(counter, turn)
-                cute.arch.sync_warp()
-                cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_ORDER), number_of_threads=sync)
-                cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_DONE), number_of_threads=sync)
-                if lane == 0:
-                    self.pass_dq_turn(counter, turn)
+    def staged_dq_part(self, sdQ_parts, part: int, stage: Int32) -> cute.Tensor:
+        """"stage": dQ part ``part`` (64 x dq_cols fp32, the staging buffer's swizzled layout)
+        in the Q/dO stage whose last reader computed it: part 0 (warpgroup 1, after dV, dO's
+        last GEMM) in dO's, part 1 (warpgroup 2, after dK, Q's last GEMM) in Q's."""
+        q_ptr, do_ptr, sdQ_layout = sdQ_parts
+        if const_expr(part == 0):
+            base = do_ptr + stage * (self.tile_m * self.head_dim_v)
+        else:
+            base = q_ptr + stage * (self.tile_m * self.head_dim)
+        part_layout = cute.select(sdQ_layout, mode=[0, 1])
+        # Stages start 1024-byte aligned (the swizzle's period), as the buffers do.
+        base = cute.make_ptr(Float32, base.toint(), cute.AddressSpace.smem, assumed_align=1024)
+        return cute.make_tensor(cute.recast_ptr(base, swizzle_=part_layout.inner), part_layout.outer)
 
     # ----------------------------------------------------------------------- consumers
     @cute.jit
@@ -705,47 +731,25 @@ class FlashAttentionBackwardSm90:
         wg_mma_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WG)
         wg_mma_dk = tiled_mma_dk.get_slice(wg_idx * THREADS_PER_WG)
         wg_mma_dv = tiled_mma_dv.get_slice(wg_idx * THREADS_PER_WG)
-        if const_expr(self.layout == "keys"):
-            score_shape = (self.tile_n, self.tile_m)
-            # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory.
-            tSrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
-            tSrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
-            tdPrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
-            tdPrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
-            # dV += P^T @ dO, dK += dS^T @ Q: A from registers, B the MN-major views of dO and Q.
-            tdVrA = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_shape_A(score_shape))
-            tdVrB = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sdO)))
-            tdKrA = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_shape_A(score_shape))
-            tdKrB = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sQ)))
-            acc_dK = new_accumulator(wg_mma_dk, (self.tile_n, self.head_dim))
-            acc_dV = new_accumulator(wg_mma_dv, (self.tile_n, self.head_dim_v))
-            # dS^T goes to shared memory transposed (stmatrix.trans), as the (tile_m, tile_n) dS.
-            smem_copy_scores = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
-                tiled_mma_sdp,
-            ).get_slice(tidx)
-            tdSsdS = smem_copy_scores.partition_D(transpose_smem_view(sdS))
-            tPsP = tdSsdS  # unused: P^T stays in registers
-        else:
-            score_shape = (self.tile_m, self.tile_n)
-            # S = Q @ K^T, dP = dO @ V^T: both operands K-major in shared memory.
-            tSrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sQ))
-            tSrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sK))
-            tdPrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sdO))
-            tdPrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sV))
-            # dV^T += dO^T @ P, dK^T += Q^T @ dS: transposed views of the staged tiles.
-            tdVrA = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_A(transpose_smem_view(sdO)))
-            tdVrB = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sP)))
-            tdKrA = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_A(transpose_smem_view(sQ)))
-            tdKrB = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sdS)))
-            acc_dK = new_accumulator(wg_mma_dk, (self.head_dim, self.tile_n))
-            acc_dV = new_accumulator(wg_mma_dv, (self.head_dim_v, self.tile_n))
-            smem_copy_scores = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
-                tiled_mma_sdp,
-            ).get_slice(tidx)
-            tdSsdS = smem_copy_scores.partition_D(sdS)
-            tPsP = smem_copy_scores.partition_D(sP)
+        score_shape = (self.tile_n, self.tile_m)
+        # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory.
+        tSrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+        tSrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
+        tdPrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
+        tdPrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
+        # dV += P^T @ dO, dK += dS^T @ Q: A from registers, B the MN-major views of dO and Q.
+        tdVrA = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_shape_A(score_shape))
+        tdVrB = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sdO)))
+        tdKrA = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_shape_A(score_shape))
+        tdKrB = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sQ)))
+        acc_dK = new_accumulator(wg_mma_dk, (self.tile_n, self.head_dim))
+        acc_dV = new_accumulator(wg_mma_dv, (self.tile_n, self.head_dim_v))
+        # dS^T goes to shared memory transposed (stmatrix.trans), as the (tile_m, tile_n) dS.
+        smem_copy_scores = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
+            tiled_mma_sdp,
+        ).get_slice(tidx)
+        tdSsdS = smem_copy_scores.partition_D(transpose_smem_view(sdS))
         # dQ = dS @ K: A = dS, B = the MN-major view of K.
         dq_part = wg_idx if const_expr(self.dq_split != "single") else Int32(0)
         wg_mma_dq = tiled_mma_dq.get_slice(dq_part * THREADS_PER_WG)
@@ -756,14 +760,7 @@ class FlashAttentionBackwardSm90:
 
         mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, Int32(0),
                              block_info.window_left, block_info.window_right)
-        # Query blocks that the causal diagonal (right edge of the window) or the local left
-        # edge crosses: [m_block_min, m_masked_end) and [m_left_start, m_block_max).
-        m_masked_end = m_block_min
-        m_left_start = m_block_max
-        if const_expr(self.is_causal or self.is_local):
-            m_masked_end = block_info.m_block_min_no_right_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_max)
-        if const_expr(self.is_local):
-            m_left_start = block_info.m_block_max_no_left_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_min)
+        m_masked_end, m_left_start = self.masked_query_blocks(block_info, seq, n_block, m_block_min, m_block_max)
 
         pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -772,7 +769,7 @@ class FlashAttentionBackwardSm90:
             head = head_kv * group + g
             for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                 stage = state.index
-                # (1) the scores and their gradients' dot products: S and dP (transposed for "keys").
+                # (1) the scores and their gradients' dot products, transposed: S^T and dP^T.
                 pipeline_q.consumer_wait(state)
                 acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrA, tSrB, stage)
                 pipeline_do.consumer_wait(state)
@@ -785,30 +782,20 @@ class FlashAttentionBackwardSm90:
                                                  m_block, n_block, m_masked_end, m_left_start, score_scale,
                                                  softcap)
                 else:
-                    self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+                    self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
+                                       m_left_start, scale_log2)
                     acc_S_l = self.stats_lines(acc_S)
-                    for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
-                        lse = sLSE[tScS[0, c][self.query_mode], stage]
-                        for r in cutlass.range_constexpr(cute.size(acc_S_l, mode=[0])):
-                            acc_S_l[r, c] = cute.math.exp2(acc_S_l[r, c] * scale_log2 - lse, fastmath=True)
                     warpgroup.wait_group(0)
                     acc_dP_l = self.stats_lines(acc_dP)
                     for c in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[1])):
                         dpsum = sdPsum[tScS[0, c][self.query_mode], stage]
                         for r in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[0])):
                             acc_dP_l[r, c] = acc_S_l[r, c] * (acc_dP_l[r, c] - dpsum)
-                if const_expr(self.layout == "keys"):
-                    self.dk_dv_keys(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB, smem_copy_scores,
-                                    tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv,
-                                    wg_idx, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
-                                    mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head,
-                                    batch_idx, m_block, tidx)
-                else:
-                    self.dk_dv_queries(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB,
-                                       smem_copy_scores, tPsP, tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
-                                       tiled_mma_dk, tiled_mma_dv, wg_idx, dq_part, stage, accumulate, pipeline_do,
-                                       state, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
-                                       block_info, seq, n_block, head, batch_idx, m_block, tidx)
+                self.dk_dv_keys(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB, smem_copy_scores,
+                                tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv,
+                                wg_idx, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
+                                mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head,
+                                batch_idx, m_block, tidx)
                 pipeline_q.consumer_release(state)
                 state.advance()
                 accumulate = Int32(1)
@@ -816,14 +803,210 @@ class FlashAttentionBackwardSm90:
                           tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
     @cute.jit
-    def score_gemm(self, tiled_mma_sdp, wg_mma_sdp, score_shape, tA, tB, stage):
-        """Issue S (or dP) of one query block, left running: the staged operand (Q or dO) is B
-        for "keys", A for "queries"."""
-        acc = new_accumulator(wg_mma_sdp, score_shape)
-        if const_expr(self.layout == "keys"):
-            wgmma(tiled_mma_sdp, acc, tA, tB[None, None, None, stage], False, -1)
+    def consume_roles(
+        self, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, mdQaccum, mdQsemaphore, deterministic,
+        sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum, pipeline_kv, pipeline_q, pipeline_do,
+        tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tidx, scale_log2, score_scale, softcap,
+        softmax_scale, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max,
+    ):
+        """"keys_roles": warpgroup 1 the probabilities' side (S^T, P^T, dV), warpgroup 2 the
+        gradients' side (dP^T, dS^T, dK); each computes half of dQ's head dims. Per query block:
+          wg 1: S^T = K @ Q^T; P^T (masked) -> registers and, fp32, to shared memory; P_READY;
+                dV += P^T @ dO; DS_READY; dQ[:, :d/2] = dS @ K[:, :d/2].
+          wg 2: dP^T = V @ dO^T; P_READY; dS^T = P^T * (dP^T - dPsum) -> registers and
+                (transposed) shared memory; DS_READY; dK += dS^T @ Q; dQ[:, d/2:].
+        Both roles sync on both barriers (from their own code, hence unaligned barriers), which
+        orders the buffers' reuse: warpgroup 1 writes the next P^T after DS_READY (warpgroup 2
+        has read this one), warpgroup 2 the next dS after the next P_READY (warpgroup 1's dQ
+        GEMM of this block has completed). The roles meet the same barriers the same number of
+        times (their dQ halves too); compute-sanitizer's racecheck reported the P^T exchange
+        as a race while only warpgroup 1 synced with the dQ writer."""
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+        wg_tidx = tidx % THREADS_PER_WG
+        thr_mma_sdp = tiled_mma_sdp.get_slice(wg_tidx)
+        wg_mma_sdp = tiled_mma_sdp.get_slice(0)
+        score_shape = (self.tile_n, self.tile_m)
+        tScS = self.stats_lines(thr_mma_sdp.partition_C(cute.make_identity_tensor(score_shape)))
+        # This thread's P^T elements in its accumulator's order (the same in both roles).
+        sP_thr = sP[wg_tidx, None]
+        sP_thr = cute.make_tensor(sP_thr.iterator, cute.composition(
+            sP_thr.layout, cute.make_layout(thr_mma_sdp.partition_shape_C(score_shape))))
+        wg_mma_dq = tiled_mma_dq.get_slice(wg_idx * THREADS_PER_WG)
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sdS))
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_smem_view(sK)))
+        pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        if wg_idx == 0:
+            acc_dV = self.probs_role(
+                sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
+                tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, scale_log2, score_scale,
+                softcap, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block,
+                head_kv, batch_idx, group, m_block_min, m_block_max, tidx)
+            self.epilogue_dkv(None, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
+                              tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
         else:
-            wgmma(tiled_mma_sdp, acc, tA[None, None, None, stage], tB, False, -1)
+            acc_dK = self.grads_role(
+                sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
+                tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, softmax_scale, sdQ,
+                mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head_kv, batch_idx, group,
+                m_block_min, m_block_max, tidx)
+            self.epilogue_dkv(acc_dK, None, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
+                              tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
+
+    @cute.jit
+    def probs_role(self, sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
+                   thr_mma_sdp, tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
+                   scale_log2, score_scale, softcap, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
+                   block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, tidx):
+        """"keys_roles", warpgroup 1 (see consume_roles); returns dV."""
+        wg_mma_dv = tiled_mma_dv.get_slice(0)
+        tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+        tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
+        tdVrP = wg_mma_dv.make_fragment_A(wg_mma_dv.partition_shape_A(score_shape))
+        tdVrdOt = wg_mma_dv.make_fragment_B(wg_mma_dv.partition_B(transpose_smem_view(sdO)))
+        acc_dV = new_accumulator(wg_mma_dv, (self.tile_n, self.head_dim_v))
+        mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, Int32(0),
+                             block_info.window_left, block_info.window_right)
+        m_masked_end, m_left_start = self.masked_query_blocks(block_info, seq, n_block, m_block_min, m_block_max)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        accumulate = Int32(0)
+        for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                stage = state.index
+                pipeline_q.consumer_wait(state)
+                acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrK, tSrQ, stage)
+                warpgroup.wait_group(0)
+                if const_expr(self.has_softcap):
+                    # P, and for the gradients' side P times the cap's derivative 1 - tanh^2.
+                    for i in cutlass.range_constexpr(cute.size(acc_S)):
+                        acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
+                    self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+                    inv_softcap = 1.0 / softcap
+                    acc_S_l = self.stats_lines(acc_S)
+                    sP_l = self.stats_lines(sP_thr)
+                    for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
+                        lse = sLSE[tScS[0, c][self.query_mode], stage]
+                        for r in cutlass.range_constexpr(cute.size(acc_S_l, mode=[0])):
+                            capped = acc_S_l[r, c]
+                            p = cute.math.exp2(capped * LOG2_E - lse, fastmath=True)
+                            t = capped * inv_softcap
+                            acc_S_l[r, c] = p
+                            # Masked scores are -inf: their factor is clamped to 0, not -inf.
+                            sP_l[r, c] = p * cutlass.max(1.0 - t * t, 0.0)
+                else:
+                    self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
+                                       m_left_start, scale_log2)
+                    sP_thr.store(acc_S.load())
+                if const_expr(self.dq_store != "stage"):
+                    pipeline_q.consumer_release(state)  # Q (S^T) and its LSE read
+                barrier_sync_unaligned(int(BwdBarrier.P_READY), self.num_mma_threads)
+                store_as_operand_a(acc_S, tdVrP)
+                pipeline_do.consumer_wait(state)
+                wgmma(tiled_mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, stage], accumulate != 0, -1)
+                barrier_sync_unaligned(int(BwdBarrier.DS_READY), self.num_mma_threads)
+                self.dq_half(0, pipeline_do, state, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, softmax_scale, sdQ,
+                             mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
+                             m_block, tidx)
+                state.advance()
+                accumulate = Int32(1)
+        return acc_dV
+
+    @cute.jit
+    def grads_role(self, sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
+                   thr_mma_sdp, tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
+                   softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head_kv,
+                   batch_idx, group, m_block_min, m_block_max, tidx):
+        """"keys_roles", warpgroup 2 (see consume_roles); returns dK (unscaled)."""
+        wg_tidx = tidx % THREADS_PER_WG
+        wg_mma_dk = tiled_mma_dk.get_slice(0)
+        tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
+        tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
+        tdKrdS = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_shape_A(score_shape))
+        tdKrQt = wg_mma_dk.make_fragment_B(wg_mma_dk.partition_B(transpose_smem_view(sQ)))
+        acc_dK = new_accumulator(wg_mma_dk, (self.tile_n, self.head_dim))
+        # dS^T to shared memory transposed (stmatrix.trans): the (tile_m, tile_n) dS of dQ's GEMMs.
+        smem_copy_dS = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
+            tiled_mma_sdp,
+        ).get_slice(wg_tidx)
+        tdSsdS = smem_copy_dS.partition_D(transpose_smem_view(sdS))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        accumulate = Int32(0)
+        for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                stage = state.index
+                pipeline_do.consumer_wait(state)
+                acc_dP = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tdPrV, tdPrdO, stage)
+                warpgroup.wait_group(0)
+                barrier_sync_unaligned(int(BwdBarrier.P_READY), self.num_mma_threads)
+                rP = cute.make_rmem_tensor_like(acc_dP)
+                rP.store(sP_thr.load())
+                acc_dP_l, rP_l = self.stats_lines(acc_dP), self.stats_lines(rP)
+                for c in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[1])):
+                    dpsum = sdPsum[tScS[0, c][self.query_mode], stage]
+                    for r in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[0])):
+                        acc_dP_l[r, c] = rP_l[r, c] * (acc_dP_l[r, c] - dpsum)
+                if const_expr(self.dq_store != "stage"):
+                    pipeline_do.consumer_release(state)  # dO (dP^T) and its dPsum read
+                store_as_operand_a(acc_dP, tdKrdS)
+                rdS = cute.make_tensor(tdKrdS.iterator, cute.make_layout(acc_dP.shape))
+                cute.copy(smem_copy_dS, smem_copy_dS.retile(rdS), tdSsdS[None, None, None, 0])
+                cute.arch.fence_view_async_shared()
+                barrier_sync_unaligned(int(BwdBarrier.DS_READY), self.num_mma_threads)
+                pipeline_q.consumer_wait(state)
+                wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
+                self.dq_half(1, pipeline_q, state, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, softmax_scale, sdQ,
+                             mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
+                             m_block, tidx)
+                state.advance()
+                accumulate = Int32(1)
+        return acc_dK
+
+    @cute.jit
+    def dq_half(self, part: int, pipeline_last, state, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, softmax_scale, sdQ,
+                mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
+        """"keys_roles": a role's dQ half (part 0: warpgroup 1) behind its running dV or dK GEMM,
+        the last reader of the block's dO or Q stage (``pipeline_last``), which goes back to the
+        producer once that GEMM completes, or with the dQ writer's copy ("stage"); then the half
+        goes to the dQ writer."""
+        acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
+        wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, 0], tdQrKt, False, -1)
+        if const_expr(self.dq_store != "stage"):
+            warpgroup.wait_group(1)
+            pipeline_last.consumer_release(state)
+        warpgroup.wait_group(0)
+        self.store_dq(acc_dQ, tiled_mma_dq, part, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
+                      block_info, seq, n_block, head, batch_idx, m_block, tidx, state.index)
+
+    @cute.jit
+    def masked_query_blocks(self, block_info: BlockInfo, seq: SeqlenInfo, n_block, m_block_min, m_block_max):
+        """The query blocks that the causal diagonal (right edge of the window) or the local
+        left edge crosses: [m_block_min, m_masked_end) and [m_left_start, m_block_max)."""
+        m_masked_end = m_block_min
+        m_left_start = m_block_max
+        if const_expr(self.is_causal or self.is_local):
+            m_masked_end = block_info.m_block_min_no_right_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_max)
+        if const_expr(self.is_local):
+            m_left_start = block_info.m_block_max_no_left_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_min)
+        return m_masked_end, m_left_start
+
+    @cute.jit
+    def probabilities(self, acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
+                      m_left_start, scale_log2):
+        """P = exp2(S * scale_log2 - LSE_log2) in place, masked (no softcap)."""
+        self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+        acc_S_l = self.stats_lines(acc_S)
+        for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
+            lse = sLSE[tScS[0, c][self.query_mode], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_S_l, mode=[0])):
+                acc_S_l[r, c] = cute.math.exp2(acc_S_l[r, c] * scale_log2 - lse, fastmath=True)
+
+    @cute.jit
+    def score_gemm(self, tiled_mma_sdp, wg_mma_sdp, score_shape, tA, tB, stage):
+        """Issue S^T (or dP^T) of one query block, left running: K (or V) @ the staged Q^T (dO^T)."""
+        acc = new_accumulator(wg_mma_sdp, score_shape)
+        wgmma(tiled_mma_sdp, acc, tA, tB[None, None, None, stage], False, -1)
         return acc
 
     @cute.jit
@@ -843,26 +1026,6 @@ class FlashAttentionBackwardSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
         self.dq_and_dk(acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
-                       dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                       deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
-
-    @cute.jit
-    def dk_dv_queries(self, acc_S, acc_dP, acc_dK, acc_dV, tdVrdOt, tdVrPt, tdKrQt, tdKrdSt, smem_copy_scores,
-                      tPsP, tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv, wg_idx,
-                      dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                      deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
-        """"queries": (4) P and dS to shared memory (dV^T and dK^T split by head dims read every
-        warpgroup's P and dS, as dQ does), (5) dV^T += dO^T @ P, (6) dQ = dS @ K, (7) dK^T +=
-        Q^T @ dS."""
-        for acc, dst in ((acc_S, tPsP), (acc_dP, tdSsdS)):
-            r16 = cute.make_rmem_tensor_like(acc, self.dtype)
-            r16.store(acc.load().to(self.dtype))
-            cute.copy(smem_copy_scores, smem_copy_scores.retile(r16), dst[None, None, None, stage])
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
-        wgmma(tiled_mma_dv, acc_dV, tdVrdOt[None, None, None, stage], tdVrPt[None, None, None, stage],
-              accumulate != 0, -1)
-        self.dq_and_dk(acc_dK, tdKrQt, tdKrdSt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
                        dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
                        deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
 
@@ -898,12 +1061,8 @@ class FlashAttentionBackwardSm90:
         if const_expr(with_dq):
             acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
             wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
-        # dK (keys: A = dS^T from registers) or dK^T (queries: both operands staged).
-        if const_expr(self.layout == "keys"):
-            wgmma(tiled_mma_dk, acc_dK, tdKrA, tdKrB[None, None, None, stage], accumulate != 0, -1)
-        else:
-            wgmma(tiled_mma_dk, acc_dK, tdKrA[None, None, None, stage], tdKrB[None, None, None, stage],
-                  accumulate != 0, -1)
+        # dK += dS^T @ Q, dS^T from registers.
+        wgmma(tiled_mma_dk, acc_dK, tdKrA, tdKrB[None, None, None, stage], accumulate != 0, -1)
         warpgroup.wait_group(1)
         pipeline_do.consumer_release(state)
         if const_expr(with_dq):
@@ -912,7 +1071,7 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start):
-        """The mask on S (S^T for "keys") where this query block needs it (see consume)."""
+        """The mask on S^T where this query block needs it (see consume)."""
         if const_expr(self.is_varlen):
             self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, True)
         elif const_expr(self.is_causal or self.is_local):
@@ -921,12 +1080,7 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def mask_block(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, mask_seqlen: cutlass.Constexpr):
-        if const_expr(self.layout == "keys"):
-            mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, mask_seqlen, self.is_causal, self.is_local)
-        else:
-            # Rows past seqlen_q need none: their LSE is +inf (the statistics' padding).
-            mask.apply(acc_S, thr_mma_sdp, m_block * self.tile_m, n_block, mask_seqlen, self.is_causal,
-                       self.is_local)
+        mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, mask_seqlen, self.is_causal, self.is_local)
 
     @cute.jit
     def probs_and_grads_softcap(self, acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage, m_block,
@@ -953,14 +1107,28 @@ class FlashAttentionBackwardSm90:
                 acc_S_l[r, c] = p
 
     @cute.jit
-    def store_dq(self, acc_dQ: cute.Tensor, tiled_mma_dq, part: Int32, softmax_scale: Float32, sdQ, mdQaccum,
-                 mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
-        """This warpgroup's completed dQ part, scaled, into the fp32 accumulator: through its
-        shared-memory buffer and the dQ writer ("tma"), or by reductions from registers ("red";
-        in deterministic mode behind the query block's turn, as the writer takes it)."""
+    def store_dq(self, acc_dQ: cute.Tensor, tiled_mma_dq, part, softmax_scale: Float32, sdQ, mdQaccum,
+                 mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx, stage=None):
+        """This warpgroup's completed dQ part, scaled, to the dQ writer, which adds it into the
+        fp32 accumulator: through its shared-memory buffer ("tma") or the finished Q/dO
+        ``stage`` ("stage")."""
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             acc_dQ[i] = acc_dQ[i] * softmax_scale
-        if const_expr(self.dq_store == "tma"):
+        if const_expr(self.dq_store == "stage"):
+            # One warpgroup's (64, dq_cols) part: the copy partitioned over its own threads.
+            part_mma = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(1, 1, 1), tiler_mn=(ROWS_PER_WG, self.dq_cols),
+            )
+            smem_copy_dQ = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), part_mma,
+            ).get_slice(tidx % THREADS_PER_WG)
+            dst = self.staged_dq_part(sdQ, part, stage)
+            cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(dst))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part + 2 * stage,
+                                     number_of_threads=THREADS_PER_WG + cute.arch.WARP_SIZE)
+        else:
             smem_copy_dQ = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq,
             ).get_slice(tidx)
@@ -969,58 +1137,47 @@ class FlashAttentionBackwardSm90:
             cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ))
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part, number_of_threads=sync)
+
+    @cute.jit
+    def epilogue_barrier(self):
+        """Both consumer warpgroups at the epilogue (from two code paths in "keys_roles")."""
+        if const_expr(self.layout == "keys_roles"):
+            barrier_sync_unaligned(int(BwdBarrier.EPILOGUE), self.num_mma_threads)
         else:
-            sync = THREADS_PER_WG * self.dq_parts + cute.arch.WARP_SIZE
-            if deterministic != 0:  # the query block's turn (keep_dq_turns)
-                cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_ORDER), number_of_threads=sync)
-            thr_mma_dq = tiled_mma_dq.get_slice(tidx)
-            gdQ = cute.local_tile(self.tile_view(mdQaccum, head, batch_idx, seq.offset_q),
-                                  (self.tile_m, self.head_dim), (m_block, 0))
-            # Per row of this thread: one base address, the columns' offsets compile-time constants
-            # (as one address per element, ptxas kept 32 64-bit addresses live across the loop).
-            tdQgdQ = rows_cols_view(thr_mma_dq.partition_C(gdQ))
-            tdQcdQ = rows_cols_view(thr_mma_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-            acc_mn = rows_cols_view(acc_dQ)
-            rows_left = seq.seqlen_q - m_block * self.tile_m
-            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-                if tdQcdQ[r, 0][0] < rows_left:
-                    row = tdQgdQ[r, None]
-                    # Accumulator columns come in pairs of neighbours: one 8-byte reduction each.
-                    for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                        address = (row.iterator + cute.crd2idx(c, row.layout)).toint()
-                        red_add_f32x2(address, acc_mn[r, c], acc_mn[r, c + 1])
-            if deterministic != 0:
-                # Each thread's reductions visible at GPU scope before the keeper passes the turn.
-                cute.arch.fence_acq_rel_gpu()
-                cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_DONE), number_of_threads=sync)
+            cute.arch.barrier(barrier_id=int(BwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
 
     @cute.jit
     def epilogue_dkv(self, acc_dK, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
-                     tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq: SeqlenInfo, n_block, head_kv, batch_idx):
+                     tiled_mma_dk, tiled_mma_dv, mma_tidx, softmax_scale, seq: SeqlenInfo, n_block, head_kv,
+                     batch_idx):
         """dK * scale and dV through K's and V's buffers (free once every consumer's last GEMM
         has read K and V) to global memory: one TMA store each, or row-predicated stores where
         a packed sequence ends inside the block (a TMA store would write the next one's rows).
-        "queries" holds dK^T and dV^T: stored transposed (stmatrix.trans)."""
-        for i in cutlass.range_constexpr(cute.size(acc_dK)):
-            acc_dK[i] = acc_dK[i] * softmax_scale
-        transposed = const_expr(self.layout == "queries")
+        "keys_roles": each warpgroup holds one of them (the other passed as None); mma_tidx is
+        the thread's index in the tiled MMAs."""
+        parts = [(acc, sX, mX, tiled_mma, dim)
+                 for acc, sX, mX, tiled_mma, dim in ((acc_dK, sK, mdK, tiled_mma_dk, self.head_dim),
+                                                     (acc_dV, sV, mdV, tiled_mma_dv, self.head_dim_v))
+                 if acc is not None]
+        if const_expr(acc_dK is not None):
+            for i in cutlass.range_constexpr(cute.size(acc_dK)):
+                acc_dK[i] = acc_dK[i] * softmax_scale
         whole = True
         if const_expr(self.is_varlen):
             whole = (n_block + 1) * self.tile_n <= seq.seqlen_k
         if whole:
-            cute.arch.barrier(barrier_id=int(BwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
-            for acc, sX, tiled_mma in ((acc_dK, sK, tiled_mma_dk), (acc_dV, sV, tiled_mma_dv)):
+            self.epilogue_barrier()
+            for acc, sX, _, tiled_mma, _ in parts:
                 rX = cute.make_rmem_tensor_like(acc, self.dtype)
                 rX.store(acc.load().to(self.dtype))
                 smem_copy = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=transposed, num_matrices=4),
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype),
                     tiled_mma,
-                ).get_slice(tidx)
-                dst = transpose_smem_view(sX) if const_expr(transposed) else sX
-                cute.copy(smem_copy, smem_copy.retile(rX), smem_copy.partition_D(dst))
+                ).get_slice(mma_tidx)
+                cute.copy(smem_copy, smem_copy.retile(rX), smem_copy.partition_D(sX))
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=int(BwdBarrier.EPILOGUE), number_of_threads=self.num_mma_threads)
+            self.epilogue_barrier()
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == STORE_WARP:
                 for tma, atom, sX, dim in ((tma_dK, tma_atom_dK, sK, self.head_dim),
                                            (tma_dV, tma_atom_dV, sV, self.head_dim_v)):
@@ -1032,19 +1189,13 @@ class FlashAttentionBackwardSm90:
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
-            key_mode = 1 if const_expr(transposed) else 0
-            for acc, mX, tiled_mma, dim in ((acc_dK, mdK, tiled_mma_dk, self.head_dim),
-                                            (acc_dV, mdV, tiled_mma_dv, self.head_dim_v)):
-                thr_mma = tiled_mma.get_slice(tidx)
+            for acc, _, mX, tiled_mma, dim in parts:
+                thr_mma = tiled_mma.get_slice(mma_tidx)
                 gX = cute.local_tile(self.tile_view(mX, head_kv, batch_idx, seq.offset_k), (self.tile_n, dim),
                                      (n_block, 0))
-                shape = (self.tile_n, dim)
-                if const_expr(transposed):
-                    gX = swap_modes(gX)
-                    shape = (dim, self.tile_n)
                 tXgX = thr_mma.partition_C(gX)
-                tXcX = thr_mma.partition_C(cute.make_identity_tensor(shape))
+                tXcX = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, dim)))
                 limit = seq.seqlen_k - n_block * self.tile_n
                 for i in cutlass.range_constexpr(cute.size(acc)):
-                    if tXcX[i][key_mode] < limit:
+                    if tXcX[i][0] < limit:
                         tXgX[i] = acc[i].to(self.dtype)
