@@ -4,6 +4,7 @@
     python -m fa4.bench --head-dims 128 --seqlens 4096 16384 --flex
     python -m fa4.bench --head-dims 192x128      # head_dim 192 for q/k, 128 for v
     python -m fa4.bench --backward            # forward + backward steps and the backward alone
+    python -m fa4.bench --host                # host (CPU) time per call against SDPA (bench_host)
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
+from fa4 import bench_host
 
 
 def time_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> float:
@@ -298,26 +300,8 @@ def bench_backward_shapes(args, dtype) -> None:
 
 def host_step_us(head_dim: int, calls: int = 100) -> tuple[float, float]:
     """CPU time per fa4 forward + backward step and per SDPA (cuDNN) step on a tiny problem
-    (launches queued, no sync in between; cuDNN chosen outside the loop)."""
-    import time
-
-    q, k, v = (torch.randn(1, 2, 128, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    do = torch.randn(1, 2, 128, head_dim, device="cuda", dtype=torch.bfloat16)
-    results = []
-    for fn in (lambda: fa4.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True),
-               lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)):
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            for _ in range(10):
-                torch.autograd.grad(fn(), (q, k, v), do.transpose(1, 2))
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                torch.autograd.grad(fn(), (q, k, v), do.transpose(1, 2))
-            elapsed = time.perf_counter() - start
-        torch.cuda.synchronize()
-        results.append(elapsed / calls * 1e6)
-    return results[0], results[1]
+    (bench_host: launches queued, no sync in between; cuDNN chosen outside the loop)."""
+    return bench_host.step_us(head_dim, True, calls)
 
 
 def bench_varlen(args, dtype) -> None:
@@ -393,18 +377,8 @@ def bench_gemm_ceiling(args, dtype) -> None:
 def host_overhead_us(causal: bool, head_dim: int, head_dim_v: int, calls: int = 200) -> float:
     """CPU time per fa4.attention call on a tiny problem (launches queued, no sync in between):
     the floor under which GPU time per call stops mattering."""
-    import time
-
     q, k, v = (torch.randn(1, 128, 2, d, device="cuda", dtype=torch.bfloat16) for d in (head_dim, head_dim, head_dim_v))
-    for _ in range(10):
-        fa4.attention(q, k, v, causal=causal)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fa4.attention(q, k, v, causal=causal)
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return bench_host.per_call_us(lambda: fa4.attention(q, k, v, causal=causal), calls)
 
 
 def main(argv=None):
@@ -437,12 +411,18 @@ def main(argv=None):
                     help="time forward + backward steps and the backward alone instead of the forward")
     ap.add_argument("--backward-shapes", action="store_true",
                     help="with --backward: also GQA, sliding-window and varlen training steps (hd128)")
+    ap.add_argument("--host", action="store_true",
+                    help="host time per call (eager, forward + backward, torch.compile, first call, host "
+                         "syncs) against SDPA, at the first --head-dims entry, instead of GPU time")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("fa4.bench needs a CUDA GPU")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
+    if args.host:
+        bench_host.report(args.head_dims[0][0])
+        return
     if "fa4" in args.providers.split(","):  # a head dim and mask being timed: partial builds have no other
         hd, hdv = args.head_dims[0]
         per_call = ", ".join(f"{host_overhead_us(c, hd, hdv):.0f} us ({'causal' if c else 'no mask'})" for c in causals)

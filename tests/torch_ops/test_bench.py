@@ -2,7 +2,9 @@
 import argparse
 
 import pytest
+import torch
 
+from fa4 import bench
 from fa4.bench import head_dim_label, head_dim_pair, positive_int
 
 
@@ -71,3 +73,24 @@ def test_visible_pairs_counts_the_window_brute_force():
         want = sum(1 for i in range(sq) for j in range(sk)
                    if (right < 0 or j <= i + sk - sq + right) and (left < 0 or j >= i + sk - sq - left))
         assert visible_pairs(sq, sk, left, right) == want
+
+
+def test_host_first_call_script_times_the_import_and_first_call_only():
+    from fa4 import bench_host
+
+    code = compile(bench_host.FIRST_CALL_SCRIPT, "<first_call>", "exec")
+    assert code is not None
+    lines = [line.strip() for line in bench_host.FIRST_CALL_SCRIPT.strip().splitlines()]
+    # CUDA is initialised (inputs made, synchronised) before the clock starts; fa4 is imported,
+    # called and synchronised inside the timed region.
+    start = lines.index("start = time.perf_counter()")
+    assert any("torch.randn" in line for line in lines[:start])
+    assert lines[start + 1:start + 4] == ["import fa4", "fa4.attention(q, k, v, causal=True)",
+                                          "torch.cuda.synchronize()"]
+
+
+def test_host_mode_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        bench.main(["--host"])
