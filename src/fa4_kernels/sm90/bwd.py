@@ -464,7 +464,7 @@ class FlashAttentionBackwardSm90:
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
                 consume = self.consume_roles if const_expr(self.layout == "keys_roles") else self.consume
                 consume(
-                    mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, mdQaccum, mdQsemaphore, deterministic,
+                    mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV,
                     sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                     tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
@@ -693,9 +693,6 @@ class FlashAttentionBackwardSm90:
         tma_dV: cute.Tensor,
         tma_atom_dK: cute.CopyAtom,
         tma_atom_dV: cute.CopyAtom,
-        mdQaccum: cute.Tensor,
-        mdQsemaphore: cute.Tensor,
-        deterministic: Int32,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
@@ -765,8 +762,7 @@ class FlashAttentionBackwardSm90:
         pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)  # 0 on the CTA's first query block: dK/dV start from it
-        for g in cutlass.range(group, unroll=1):
-            head = head_kv * group + g
+        for _ in cutlass.range(group, unroll=1):
             for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                 stage = state.index
                 # (1) the scores and their gradients' dot products, transposed: S^T and dP^T.
@@ -794,8 +790,7 @@ class FlashAttentionBackwardSm90:
                 self.dk_dv_keys(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB, smem_copy_scores,
                                 tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv,
                                 wg_idx, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
-                                mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head,
-                                batch_idx, m_block, tidx)
+                                tidx)
                 pipeline_q.consumer_release(state)
                 state.advance()
                 accumulate = Int32(1)
@@ -804,7 +799,7 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def consume_roles(
-        self, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, mdQaccum, mdQsemaphore, deterministic,
+        self, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV,
         sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum, pipeline_kv, pipeline_q, pipeline_do,
         tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tidx, scale_log2, score_scale, softcap,
         softmax_scale, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max,
@@ -839,24 +834,22 @@ class FlashAttentionBackwardSm90:
             acc_dV = self.probs_role(
                 sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, scale_log2, score_scale,
-                softcap, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block,
-                head_kv, batch_idx, group, m_block_min, m_block_max, tidx)
+                softcap, softmax_scale, sdQ, block_info, seq, n_block, group, m_block_min, m_block_max, tidx)
             self.epilogue_dkv(None, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
         else:
             acc_dK = self.grads_role(
                 sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, softmax_scale, sdQ,
-                mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head_kv, batch_idx, group,
-                m_block_min, m_block_max, tidx)
+                group, m_block_min, m_block_max, tidx)
             self.epilogue_dkv(acc_dK, None, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
     @cute.jit
     def probs_role(self, sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
-                   scale_log2, score_scale, softcap, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
-                   block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, tidx):
+                   scale_log2, score_scale, softcap, softmax_scale, sdQ, block_info, seq, n_block, group,
+                   m_block_min, m_block_max, tidx):
         """"keys_roles", warpgroup 1 (see consume_roles); returns dV."""
         wg_mma_dv = tiled_mma_dv.get_slice(0)
         tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
@@ -869,8 +862,7 @@ class FlashAttentionBackwardSm90:
         m_masked_end, m_left_start = self.masked_query_blocks(block_info, seq, n_block, m_block_min, m_block_max)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)
-        for g in cutlass.range(group, unroll=1):
-            head = head_kv * group + g
+        for _ in cutlass.range(group, unroll=1):
             for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                 stage = state.index
                 pipeline_q.consumer_wait(state)
@@ -905,8 +897,7 @@ class FlashAttentionBackwardSm90:
                 wgmma(tiled_mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, stage], accumulate != 0, -1)
                 barrier_sync_unaligned(int(BwdBarrier.DS_READY), self.num_mma_threads)
                 self.dq_half(0, pipeline_do, state, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, softmax_scale, sdQ,
-                             mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
-                             m_block, tidx)
+                             tidx)
                 state.advance()
                 accumulate = Int32(1)
         return acc_dV
@@ -914,8 +905,7 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def grads_role(self, sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
-                   softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head_kv,
-                   batch_idx, group, m_block_min, m_block_max, tidx):
+                   softmax_scale, sdQ, group, m_block_min, m_block_max, tidx):
         """"keys_roles", warpgroup 2 (see consume_roles); returns dK (unscaled)."""
         wg_tidx = tidx % THREADS_PER_WG
         wg_mma_dk = tiled_mma_dk.get_slice(0)
@@ -932,8 +922,7 @@ class FlashAttentionBackwardSm90:
         tdSsdS = smem_copy_dS.partition_D(transpose_smem_view(sdS))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)
-        for g in cutlass.range(group, unroll=1):
-            head = head_kv * group + g
+        for _ in cutlass.range(group, unroll=1):
             for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
                 stage = state.index
                 pipeline_do.consumer_wait(state)
@@ -957,15 +946,14 @@ class FlashAttentionBackwardSm90:
                 pipeline_q.consumer_wait(state)
                 wgmma(tiled_mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], accumulate != 0, -1)
                 self.dq_half(1, pipeline_q, state, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, softmax_scale, sdQ,
-                             mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
-                             m_block, tidx)
+                             tidx)
                 state.advance()
                 accumulate = Int32(1)
         return acc_dK
 
     @cute.jit
     def dq_half(self, part: int, pipeline_last, state, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, softmax_scale, sdQ,
-                mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
+                tidx):
         """"keys_roles": a role's dQ half (part 0: warpgroup 1) behind its running dV or dK GEMM,
         the last reader of the block's dO or Q stage (``pipeline_last``), which goes back to the
         producer once that GEMM completes, or with the dQ writer's copy ("stage"); then the half
@@ -976,8 +964,7 @@ class FlashAttentionBackwardSm90:
             warpgroup.wait_group(1)
             pipeline_last.consumer_release(state)
         warpgroup.wait_group(0)
-        self.store_dq(acc_dQ, tiled_mma_dq, part, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
-                      block_info, seq, n_block, head, batch_idx, m_block, tidx, state.index)
+        self.store_dq(acc_dQ, tiled_mma_dq, part, softmax_scale, sdQ, tidx, state.index)
 
     @cute.jit
     def masked_query_blocks(self, block_info: BlockInfo, seq: SeqlenInfo, n_block, m_block_min, m_block_max):
@@ -1012,8 +999,7 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def dk_dv_keys(self, acc_S, acc_dP, acc_dK, acc_dV, tdVrP, tdVrdOt, tdKrdS, tdKrQt, smem_copy_dS, tdSsdS,
                    tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv, wg_idx, dq_part, stage,
-                   accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore, deterministic,
-                   block_info, seq, n_block, head, batch_idx, m_block, tidx):
+                   accumulate, pipeline_do, state, softmax_scale, sdQ, tidx):
         """"keys": (4) dV += P^T @ dO from registers, (5) dS^T to shared memory (every
         consumer's part is needed by every dQ GEMM), (6) dQ = dS @ K, (7) dK += dS^T @ Q."""
         store_as_operand_a(acc_S, tdVrP)
@@ -1026,13 +1012,11 @@ class FlashAttentionBackwardSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(BwdBarrier.DS_READY), number_of_threads=self.num_mma_threads)
         self.dq_and_dk(acc_dK, tdKrdS, tdKrQt, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
-                       dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                       deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+                       dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, tidx)
 
     @cute.jit
     def dq_and_dk(self, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, wg_idx,
-                  dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                  deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx):
+                  dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, tidx):
         """Behind dV's running GEMM: dQ = dS @ K (the warpgroups dq_split gives a part) and dK's
         GEMM; dO's stage goes back once dV's GEMM has completed, then the scaled dQ part goes
         to its accumulator (store_dq)."""
@@ -1040,24 +1024,20 @@ class FlashAttentionBackwardSm90:
             if wg_idx == 0:
                 self.dq_and_dk_part(True, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
                                     tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
-                                    mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
-                                    m_block, tidx)
+                                    tidx)
             else:
                 self.dq_and_dk_part(False, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq,
                                     tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
-                                    mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
-                                    m_block, tidx)
+                                    tidx)
         else:
             self.dq_and_dk_part(True, acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk,
-                                dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, mdQaccum,
-                                mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+                                dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ, tidx)
         warpgroup.wait_group(0)
 
     @cute.jit
     def dq_and_dk_part(self, with_dq: cutlass.Constexpr[bool], acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq,
                        tiled_mma_dq, tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale,
-                       sdQ, mdQaccum, mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx,
-                       m_block, tidx):
+                       sdQ, tidx):
         if const_expr(with_dq):
             acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
             wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
@@ -1066,8 +1046,7 @@ class FlashAttentionBackwardSm90:
         warpgroup.wait_group(1)
         pipeline_do.consumer_release(state)
         if const_expr(with_dq):
-            self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, mdQaccum, mdQsemaphore,
-                          deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx)
+            self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, tidx)
 
     @cute.jit
     def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start):
@@ -1107,8 +1086,7 @@ class FlashAttentionBackwardSm90:
                 acc_S_l[r, c] = p
 
     @cute.jit
-    def store_dq(self, acc_dQ: cute.Tensor, tiled_mma_dq, part, softmax_scale: Float32, sdQ, mdQaccum,
-                 mdQsemaphore, deterministic, block_info, seq, n_block, head, batch_idx, m_block, tidx, stage=None):
+    def store_dq(self, acc_dQ: cute.Tensor, tiled_mma_dq, part, softmax_scale: Float32, sdQ, tidx, stage=None):
         """This warpgroup's completed dQ part, scaled, to the dQ writer, which adds it into the
         fp32 accumulator: through its shared-memory buffer ("tma") or the finished Q/dO
         ``stage`` ("stage")."""
