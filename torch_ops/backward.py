@@ -5,8 +5,8 @@ preprocess  (src/fa4_kernels/sm90/bwd_preprocess.py) the row statistics the main
             padding, so those rows' probabilities are 0) and dPsum = rowsum(dO * O) - dLSE (the
             gradient through the returned LSE folds in here: d LSE / d s = p, so
             dS = p * (dP - dPsum + dLSE)); dense calls also zero dQ's fp32 accumulator there;
-main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds (or reductions
-            from registers: hd192x192, hd256), dK and dV written once per K/V block (GQA groups
+main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds (staged in the
+            finished Q/dO stage at hd256), dK and dV written once per K/V block (GQA groups
             summed inside the kernel); ``deterministic`` orders each query block's dQ additions
             by K/V block through one int32 counter per (sequence, head, query block), zeroed
             here per call;
