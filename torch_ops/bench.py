@@ -74,7 +74,7 @@ def time_providers(fns, make_inputs_for, flops: float, args, where: str) -> dict
                 continue
             fn, ins = fns[name], inputs[name]
             try:
-                times = sample_ms(lambda i: fn(*ins[i % len(ins)]), args.warmup, args.iters)
+                times = sample_ms(lambda i: fn(*ins[i % len(ins)]), args.warmup, args.iters, args.calls_per_sample)
             except Exception as e:  # a peer may not support a shape; say so and go on
                 print(f"  {name} failed at {where}: {type(e).__name__}: {str(e)[:120]}")
                 samples[name] = None
@@ -263,7 +263,7 @@ def bench_backward_shapes(args, dtype) -> None:
         return out
 
     def tflops(fn, inputs, pairs, heads):
-        ms = time_ms(lambda i: step(fn)(*inputs[i % 3]), args.warmup, args.iters)
+        ms = time_ms(lambda i: step(fn)(*inputs[i % 3]), args.warmup, args.iters, args.calls_per_sample)
         return 3.5 * 4 * d * pairs * heads / (ms * 1e-3) / 1e12
 
     print("\nbackward shapes (hd128, fa4 fwd+bwd TFLOP/s of useful work):")
@@ -394,6 +394,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=positive_int, default=3,
                     help="rounds per case, providers in a rotated order each round")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--calls-per-sample", type=positive_int, default=5,
+                    help="back-to-back calls per timed sample (1: GPU time of calls whose host time is below "
+                         "the ~2.5 ms GPU spin ahead of each sample, e.g. 1k-token training steps)")
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,

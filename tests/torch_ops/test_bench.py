@@ -59,7 +59,7 @@ def test_providers_rotate_between_rounds_and_failures_are_reported(monkeypatch, 
         return fn
 
     monkeypatch.setattr(bench, "sample_ms", fake_sample_ms)
-    args = types.SimpleNamespace(rounds=3, iters=4, warmup=1)
+    args = types.SimpleNamespace(rounds=3, iters=4, warmup=1, calls_per_sample=5)
     fns = {"fa4": provider("fa4"), "cuDNN": provider("cuDNN"), "FA2": provider("FA2", fail=True)}
     result = bench.time_providers(fns, lambda: [()], flops=2e12, args=args, where="case")
     assert calls == ["fa4", "cuDNN", "FA2", "cuDNN", "fa4", "fa4", "cuDNN"]

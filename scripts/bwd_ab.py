@@ -1,0 +1,84 @@
+"""Same-run A/B of fa4's run-time backward settings: forward + backward steps timed under several
+FA4_* environments in one process (fa4 reads its run-time settings at every call), the
+settings rotated between rounds like fa4.bench's providers, so clock and temperature drift
+land on all of them alike.
+
+    python3 scripts/bwd_ab.py base:FA4_BWD_STORE_FIRST=0,FA4_BWD_ROTATE=0 new: \\
+        [--head-dims 128 64 256] [--seqlens 1024 4096 16384] [--window 1024] [--group 4] [--hidden 4096]
+        [--rounds 3] [--iters 10]
+
+Each positional argument is NAME:VAR=VALUE,... (an empty list: the defaults). Setup as
+fa4.bench (bf16, 16k tokens per batch, hidden 2048); TFLOP/s of fwd+bwd (3.5x the forward's
+FLOPs, useful FLOPs for the window row), the ratio of each setting to the first.
+"""
+import argparse
+import os
+
+import torch
+
+import fa4
+from fa4 import bench
+
+
+def settings(text: str) -> tuple[str, dict]:
+    name, _, assignments = text.partition(":")
+    env = dict(a.split("=", 1) for a in assignments.split(",") if a)
+    return name, env
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("settings", nargs="+", type=settings)
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--window", type=int, default=0, help="also a (W, 0) window at 16k tokens, hd128")
+    ap.add_argument("--group", type=int, default=1, help="query heads per K/V head (GQA)")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    # One step per sample: the GPU spin ahead of it (~2.5 ms) outlasts a step's host time, so
+    # short steps are timed on the GPU, not the host.
+    ap.add_argument("--calls-per-sample", type=int, default=1)
+    args = ap.parse_args()
+    tokens, hidden = 16384, args.hidden
+    cases = [(d, s, c, None) for d in args.head_dims for c in {"both": [False, True], "yes": [True], "no": [False]}[
+        args.causal] for s in args.seqlens]
+    if args.window:
+        cases.append((128, tokens, False, args.window))
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print("fwd+bwd TFLOP/s; " + ", ".join(f"{n} = {e or 'defaults'}" for n, e in args.settings))
+    keys = {k for _, e in args.settings for k in e}
+    for d, s, causal, window in cases:
+        b, h = max(1, tokens // s), hidden // d
+        win = (window, 0) if window else (-1, -1)
+        pairs = bench.visible_pairs(s, s, window, 0) if window else s * s // (2 if causal else 1)
+        flops = 3.5 * 4 * b * h * pairs * d
+
+        def make():
+            out = []
+            for _ in range(3):
+                q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k, v = (torch.randn(b, s, h // args.group, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                        for _ in range(2))
+                out.append((q, k, v, torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)))
+            return out
+
+        def step_with(env):
+            def step(q, k, v, do):
+                for key in keys:
+                    os.environ.pop(key, None)
+                os.environ.update(env)
+                return torch.autograd.grad(fa4.attention(q, k, v, causal=causal, window=win), (q, k, v), do)
+            return step
+        fns = {name: step_with(env) for name, env in args.settings}
+        result = bench.time_providers(fns, make, flops, args, f"hd{d} s{s}")
+        first = result[args.settings[0][0]][0]
+        cells = "  ".join(f"{n} {t:6.1f} ({t / first:.3f}; rounds {min(r):.0f}-{max(r):.0f})"
+                          for n, (t, r) in result.items())
+        print(f"hd{d} seqlen {s:5d} causal={int(causal)} window={win}: {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
