@@ -242,6 +242,12 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 "seqused_k one entry per sequence");
   if (params->deterministic && (dq_semaphore->shape[0] < num_seqs || dq_semaphore->shape[1] < hq))
     return fail(FA4_ERR_BAD_TENSOR, "dq_semaphore must be (sequences, hq, m_blocks) int32 in deterministic mode");
+  /* store_first counts claims in a counter's high 16 bits: fewer K/V blocks than 2^15. */
+  if (params->store_first &&
+      (varlen || dq_semaphore->shape[0] != b || dq_semaphore->shape[1] != hq || params->num_n_blocks >= 32768 ||
+       dq_semaphore->shape[2] != (sq + variant->tile_m - 1) / variant->tile_m))
+    return fail(FA4_ERR_BAD_TENSOR, "store_first: dense calls only, fewer than 32768 K/V blocks, and dq_semaphore "
+                "(b, hq, ceil(seqlen_q / %d)) int32", variant->tile_m);
   if (num_seqs > 65535 || hk > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
   if ((status = ready_on_current_device(index))) return status;

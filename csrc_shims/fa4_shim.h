@@ -39,11 +39,13 @@ typedef struct {
   int32_t num_n_blocks;  /* K/V blocks of tile_n keys of the longest sequence: the grid's x */
   int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
   int32_t deterministic; /* 1: add into each query block's dQ rows in K/V-block order (dq_semaphore) */
+  int32_t rotate;        /* 1: no mask, each K/V block starts at its own query block (src/fa4_kernels/sm90/bwd.py) */
+  int32_t store_first;   /* 1: dq_accum not zeroed: a query block's first K/V block stores (dense only) */
 } fa4_bwd_params;
 
 typedef struct {
   int32_t has_dlse;     /* 1: dlse holds the gradient flowing into the returned LSE */
-  int32_t zero_dq;      /* 1: zero dq_accum's rows of each sequence */
+  int32_t zero_rows;    /* zero dq_accum's rows below this one in each sequence */
   int32_t num_m_blocks; /* query blocks of tile_m rows of the longest sequence: the grid's x */
 } fa4_bwd_pre_params;
 
@@ -90,9 +92,12 @@ int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
  * padding) and rowsum(dout * out) - dLSE, rows padded as the variant's tile_m requires: dense
  * rows >= ceil(sq / tile_m) * tile_m; varlen (b = 1) sequence i at row (cu_seqlens_q[i] + i * tile_m)
  * rounded down to a multiple of tile_m, rows >= (ceil(total_q / tile_m) + n + 1) * tile_m.
- * dq_semaphore (sequences, hq, m_blocks) int32, zero at launch, read when params->deterministic: one
- * counter per query block of tile_m rows (blocks past m_blocks are added unordered); sequences is
- * b, or n for varlen. Otherwise any int32 tensor of rank 3. Launches on `stream`. */
+ * dq_semaphore (sequences, hq, m_blocks) int32, zero at launch, read when params->deterministic or
+ * params->store_first: one counter per query block of tile_m rows (blocks past m_blocks are added
+ * unordered); sequences is b, or n for varlen. Otherwise any int32 tensor of rank 3. With
+ * params->store_first (dense only, m_blocks = ceil(sq / tile_m)) dq_accum need not be zero: each
+ * query block's first K/V block stores, but rows no K/V block reaches (those that see no key)
+ * must be zero. Launches on `stream`. */
 int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
@@ -103,7 +108,7 @@ int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);
  * writes lse_log2 and dpsum as fa4_bwd reads them, every statistics block of every sequence's
  * first max(ceil(seqlen / tile_m), 1) blocks (so num_m_blocks must cover the longest sequence),
- * and with params->zero_dq zeroes dq_accum (b, sq, hq, d) fp32 on the sequences' rows. */
+ * and zeroes dq_accum (b, sq, hq, d) fp32 on each sequence's rows below params->zero_rows. */
 int32_t fa4_bwd_preprocess(int32_t variant, const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                            const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                            const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,

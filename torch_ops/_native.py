@@ -49,13 +49,15 @@ class BwdParams(ctypes.Structure):
         ("num_n_blocks", ctypes.c_int32),
         ("has_seqused_k", ctypes.c_int32),
         ("deterministic", ctypes.c_int32),
+        ("rotate", ctypes.c_int32),
+        ("store_first", ctypes.c_int32),
     ]
 
 
 class BwdPreParams(ctypes.Structure):
     _fields_ = [
         ("has_dlse", ctypes.c_int32),
-        ("zero_dq", ctypes.c_int32),
+        ("zero_rows", ctypes.c_int32),
         ("num_m_blocks", ctypes.c_int32),
     ]
 
@@ -172,11 +174,12 @@ def fwd(name: str, q, k, v, out, lse, semaphores, partials, cu_seqlens_q, cu_seq
 
 def bwd(name: str, q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k,
         dq_semaphore, softmax_scale: float, softcap: float, window_left: int, window_right: int,
-        num_n_blocks: int, has_seqused_k: bool, deterministic: bool, stream: int) -> None:
+        num_n_blocks: int, has_seqused_k: bool, deterministic: bool, rotate: bool, store_first: bool,
+        stream: int) -> None:
     """Launch one compiled backward (see csrc_shims/fa4_shim.h, fa4_bwd, for the argument rules)."""
     lib = library()
     params = BwdParams(softmax_scale, softcap, window_left, window_right, num_n_blocks, int(has_seqused_k),
-                       int(deterministic))
+                       int(deterministic), int(rotate), int(store_first))
     status = lib.fa4_bwd(
         _index(name), as_native(q), as_native(k), as_native(v), as_native(dout), as_native(lse_log2),
         as_native(dpsum), as_native(dq_accum), as_native(dk), as_native(dv), as_native(cu_seqlens_q),
@@ -188,10 +191,10 @@ def bwd(name: str, q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_
 
 
 def bwd_preprocess(name: str, out, dout, lse, dlse, lse_log2, dpsum, dq_accum, cu_seqlens_q, has_dlse: bool,
-                   zero_dq: bool, num_m_blocks: int, stream: int) -> None:
+                   zero_rows: int, num_m_blocks: int, stream: int) -> None:
     """Launch one compiled backward preprocess (csrc_shims/fa4_shim.h, fa4_bwd_preprocess)."""
     lib = library()
-    params = BwdPreParams(int(has_dlse), int(zero_dq), num_m_blocks)
+    params = BwdPreParams(int(has_dlse), zero_rows, num_m_blocks)
     status = lib.fa4_bwd_preprocess(
         _index(name), as_native(out), as_native(dout), as_native(lse), as_native(dlse), as_native(lse_log2),
         as_native(dpsum), as_native(dq_accum), as_native(cu_seqlens_q), ctypes.byref(params),

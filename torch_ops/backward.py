@@ -4,12 +4,14 @@ preprocess  (src/fa4_kernels/sm90/bwd_preprocess.py) the row statistics the main
             in its padded layout: LSE * log2(e) (+inf where a row sees no key and in the
             padding, so those rows' probabilities are 0) and dPsum = rowsum(dO * O) - dLSE (the
             gradient through the returned LSE folds in here: d LSE / d s = p, so
-            dS = p * (dP - dPsum + dLSE)); dense calls also zero dQ's fp32 accumulator there;
-main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds (staged in the
-            finished Q/dO stage at hd256), dK and dV written once per K/V block (GQA groups
-            summed inside the kernel); ``deterministic`` orders each query block's dQ additions
-            by K/V block through one int32 counter per (sequence, head, query block), zeroed
-            here per call;
+            dS = p * (dP - dPsum + dLSE)); it also zeroes dQ's fp32 accumulator there, for
+            dense calls only the rows that see no key (heuristics.bwd_store_first);
+main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds, the first K/V
+            block to reach a query block storing instead (dense calls), staged in the
+            finished Q/dO stage at hd256; dK and dV written once per K/V block (GQA groups
+            summed inside the kernel); one int32 counter per (sequence, head, query block),
+            zeroed here per call, holds the first-store claims and, with ``deterministic``,
+            orders each query block's dQ additions by K/V block;
 postprocess dQ converted to the input dtype (one torch op).
 No step reads a device value on the host: varlen offsets stay on the GPU; the grids cover
 max_seqlen_q / max_seqlen_k (FlashAttention's contract: they bound every sequence).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import _native, heuristics
+from fa4 import _native, heuristics, settings
 
 
 def stats_rows(total_q: int, block: int, num_seqs: int | None) -> int:
@@ -54,11 +56,12 @@ def unsupported(q, v, mask, softcap, capability) -> NotImplementedError:
     )
 
 
-def dq_semaphores(deterministic: bool, sequences: int, heads: int, rows: int, tile_m: int, device) -> torch.Tensor:
-    """The main kernel's dQ turn counters: zeros (sequences, heads, ceil(rows / tile_m)) int32 in
-    deterministic mode (``rows``: the longest sequence's queries), else the ops' token vector
-    viewed with the rank the kernel takes (never read)."""
-    if not deterministic:
+def dq_semaphores(needed: bool, sequences: int, heads: int, rows: int, tile_m: int, device) -> torch.Tensor:
+    """The main kernel's per-query-block counters (deterministic turns, first-store claims):
+    zeros (sequences, heads, ceil(rows / tile_m)) int32 (``rows``: the longest sequence's
+    queries) when ``needed``, else the ops' token vector viewed with the rank the kernel takes
+    (never read)."""
+    if not needed:
         from fa4.ops import _unused_vector
 
         return _unused_vector(device.index).view(1, 1, -1)
@@ -82,7 +85,11 @@ def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mas
     if varlen is None:
         cu_q = cu_k = used_k = unused
         num_m_blocks, num_n_blocks = -(-sq // stats_block), -(-k.shape[1] // tile_n)
-        # The preprocess zeroes dQ's accumulator; every key row is in a visited K/V block.
+        blocks = heuristics.mean_visible_keys(sq, k.shape[1], mask) / tile_n  # per query block
+        store_first = heuristics.bwd_store_first(False, num_n_blocks, blocks, settings.bwd_store_first_override())
+        # The preprocess zeroes dQ's accumulator (with store_first only the rows no K/V block
+        # reaches); every key row is in a visited K/V block.
+        zero_rows = heuristics.keyless_rows(sq, k.shape[1], mask) if store_first else sq
         dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -91,11 +98,13 @@ def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mas
         num_m_blocks = max(1, -(-min(max_seqlen_q, sq) // stats_block))
         num_n_blocks = max(1, -(-min(max_seqlen_k, k.shape[1]) // tile_n))
         # Rows outside every sequence and keys past seqused_k get no gradient: zeros.
+        store_first, zero_rows = False, 0
         dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+    rotate = heuristics.bwd_rotate(mask.kind, deterministic, store_first, settings.bwd_rotate_override())
     if varlen is None:
-        semaphores = dq_semaphores(deterministic, b, hq, sq, main["tile_m"], q.device)
+        semaphores = dq_semaphores(deterministic or store_first, b, hq, sq, main["tile_m"], q.device)
     else:
         semaphores = dq_semaphores(deterministic, cu_q.shape[0] - 1, hq, min(max_seqlen_q, sq), main["tile_m"],
                                    q.device)
@@ -106,10 +115,11 @@ def run_backward(variants: tuple[dict, dict], dout, q, k, v, out, lse, dlse, mas
     # dLSE from autograd may be any view (an expanded ones tensor for lse.sum()): rows contiguous.
     dlse = None if dlse is None else dlse.contiguous()
     pre_args = (pre["name"], out, dout, lse, lse if dlse is None else dlse, lse_log2, dpsum, dq_accum, cu_q,
-                dlse is not None, varlen is None, num_m_blocks, stream)
+                dlse is not None, zero_rows, num_m_blocks, stream)
     main_args = (main["name"], q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k,
                  used_k if used_k is not None else cu_q, semaphores, softmax_scale, softcap, mask.window_left,
-                 mask.window_right, num_n_blocks, varlen is not None and used_k is not None, deterministic, stream)
+                 mask.window_right, num_n_blocks, varlen is not None and used_k is not None, deterministic, rotate,
+                 store_first, stream)
     if torch.cuda.current_device() == q.device.index:
         _native.bwd_preprocess(*pre_args)
         _native.bwd(*main_args)

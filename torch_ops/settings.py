@@ -39,6 +39,21 @@ def split_tail_override() -> bool | None:
     return None if value in (None, "") else value == "1"
 
 
+def bwd_store_first_override() -> bool | None:
+    """FA4_BWD_STORE_FIRST=0/1: zero the backward's dQ accumulator and add every K/V block's part,
+    or let each query block's first K/V block store (tuning knob; default:
+    fa4.heuristics.bwd_store_first)."""
+    value = os.environ.get("FA4_BWD_STORE_FIRST")
+    return None if value in (None, "") else value == "1"
+
+
+def bwd_rotate_override() -> bool | None:
+    """FA4_BWD_ROTATE=0/1: every backward K/V block walks the query blocks from the first one, or
+    (no mask) from a query block of its own (tuning knob; default: fa4.heuristics.bwd_rotate)."""
+    value = os.environ.get("FA4_BWD_ROTATE")
+    return None if value in (None, "") else value == "1"
+
+
 def tile_family_override() -> str | None:
     """FA4_TILES=regular/short/long: run that tile family wherever it is built (dense: hd64 "short"
     without a mask or causal, hd128 "long" without a mask), the regular tiles elsewhere (tuning

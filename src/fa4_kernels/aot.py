@@ -176,8 +176,8 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), Int32(0),
-        make_fake_stream(),
+        dq_semaphore, Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), Int32(0), Int32(0),
+        Int32(0), make_fake_stream(),
     )
 
 
@@ -295,7 +295,7 @@ static int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const 
                            const fa4_bwd_pre_params *p, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_out, &t_dout, &t_lse, &t_dlse, &t_lse_log2, &t_dpsum, &t_dq_accum,
-                              &t_cu_seqlens_q, p->has_dlse, p->zero_dq, p->num_m_blocks, stream);
+                              &t_cu_seqlens_q, p->has_dlse, p->zero_rows, p->num_m_blocks, stream);
 }}"""
     if key.kernel == "bwd":
         return f"""
@@ -308,7 +308,7 @@ static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_dout, &t_lse_log2, &t_dpsum, &t_dq_accum, &t_dk,
                               &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_dq_semaphore,
                               p->softmax_scale, p->softcap, p->window_left, p->window_right, p->num_n_blocks,
-                              p->has_seqused_k, p->deterministic, stream);
+                              p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream);
 }}"""
     return f"""
 static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,

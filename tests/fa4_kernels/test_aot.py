@@ -70,11 +70,11 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     c = aot.generate_table(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, 1, 64, 128, 0,' in c and f"NULL, {main.name}_bwd, NULL}}" in c
-    assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, stream" in c
+    assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream" in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
     assert f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, 1, 128, 0, 0,' in c and f"NULL, NULL, {pre.name}_bwd_pre}}" in c
-    assert "p->has_dlse, p->zero_dq, p->num_m_blocks, stream" in c
+    assert "p->has_dlse, p->zero_rows, p->num_m_blocks, stream" in c
 
 
 def test_unexpected_header_is_rejected(tmp_path: Path):

@@ -277,6 +277,33 @@ def test_deterministic_mode_varlen_and_global_switch():
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
+@pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
+def test_first_store_equals_adding_to_zeros(monkeypatch, dims, mask):
+    """Dense calls let each query block's first K/V block store its dQ part instead of adding it
+    to a zeroed accumulator (FA4_BWD_STORE_FIRST): in deterministic mode (turn 0 stores, the same
+    order of additions after it) the gradients are bitwise those of zero-and-add; in the default
+    mode (first by claim, query blocks rotated without a mask) equal up to the order of dQ's fp32
+    additions. Rows that see no key (seqlen_q > seqlen_k, causal) are zero; allocations poisoned."""
+    d, dv = dims
+    _, causal, window = mask
+    q, k, v = qkv(2, 333, 200, 6, 2, d, dv, torch.bfloat16)
+    dout = torch.randn(q.shape[:-1] + (dv,), device="cuda", dtype=q.dtype)
+
+    def run(store_first, deterministic):
+        monkeypatch.setenv("FA4_BWD_STORE_FIRST", store_first)
+        poison_allocator()
+        return grads(lambda q, k, v: fa4.attention(q, k, v, causal=causal, window=window,
+                                                   deterministic=deterministic), (q, k, v), dout)
+    zeroed = run("0", True)
+    for a, b in zip(run("1", True), zeroed):
+        assert torch.equal(a, b)
+    for a, b in zip(run("1", False), zeroed):
+        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+    if causal:
+        assert torch.all(zeroed[0][:, :133] == 0)
+
+
 def test_backward_replays_in_a_cuda_graph_bitwise():
     q, k, v = qkv(2, 700, 700, 8, 2, 128, 128, torch.bfloat16)
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))

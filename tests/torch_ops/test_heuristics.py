@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from fa4 import heuristics
 from fa4.heuristics import UNBOUNDED, MaskSpec, resolve_mask
@@ -189,3 +190,41 @@ def test_masks_that_hide_nothing_are_dropped():
     assert heuristics.effective_mask(resolve_mask(False, 98, 0), 1, 100).kind == "local"
     assert heuristics.effective_mask(resolve_mask(False, 10, 20), 21, 11) == none
     assert heuristics.effective_mask(resolve_mask(False, 10, 19), 21, 11).kind == "local"
+
+
+def test_backward_store_first_and_rotation():
+    assert heuristics.bwd_store_first(False, 32, 32)
+    assert not heuristics.bwd_store_first(False, 128, 128)  # many K/V blocks per query block: claims cost
+    assert heuristics.bwd_store_first(False, 128, 128, override=True)
+    assert not heuristics.bwd_store_first(True, 8, 8)  # packed: rows outside sequences read as zeros
+    assert not heuristics.bwd_store_first(False, heuristics.MAX_FIRST_STORE_BLOCKS, 8, override=True)  # 15 bits
+    assert not heuristics.bwd_store_first(False, 8, 8, override=False)
+    assert heuristics.bwd_rotate("none", False, store_first=True)
+    assert not heuristics.bwd_rotate("none", False, store_first=False)  # it goes with the first store
+    assert heuristics.bwd_rotate("none", False, store_first=False, override=True)
+    assert not heuristics.bwd_rotate("causal", False, True) and not heuristics.bwd_rotate("none", True, True)
+    assert not heuristics.bwd_rotate("none", False, True, override=False)
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 3)), (False, (-1, 7)),
+                                           (False, (4, -1))])
+def test_keyless_rows_are_exactly_the_rows_that_see_no_key(causal, window):
+    for sq, sk in [(1, 1), (200, 70), (70, 200), (300, 1), (64, 64), (129, 3)]:
+        mask = heuristics.resolve_mask(causal, *window)
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        seen = (j <= i + sk - sq + mask.window_right) & (j >= i + sk - sq - mask.window_left)
+        blind = (~seen.any(1)).nonzero().flatten().tolist()
+        assert blind == list(range(heuristics.keyless_rows(sq, sk, mask))), (sq, sk, mask)
+
+
+def test_mean_visible_keys_matches_brute_force():
+    for sq, sk in [(1024, 1024), (4096, 4096), (300, 700), (700, 300), (1, 4096)]:
+        for causal, window in [(False, (-1, -1)), (True, (-1, -1)), (False, (1024, 0)), (False, (50, 70)),
+                               (False, (0, 0)), (False, (-1, 5)), (False, (3, -1))]:
+            mask = heuristics.resolve_mask(causal, *window)
+            i = torch.arange(sq)[:, None]
+            j = torch.arange(sk)[None, :]
+            seen = (j <= i + sk - sq + mask.window_right) & (j >= i + sk - sq - mask.window_left)
+            exact = seen.sum().item() / sq
+            assert abs(heuristics.mean_visible_keys(sq, sk, mask) - exact) < 1e-9, (sq, sk, mask)

@@ -31,6 +31,16 @@ Roles (1 + 2 warpgroups: 384 threads):
     the last query block dK (scaled) and dV go out through shared memory by TMA stores (row by
     row where a packed sequence ends inside the block).
 
+The accumulator is not zeroed beforehand (``store_first``, dense calls): the first K/V block to
+reach a query block stores its dQ parts there (TMA store), and the others add theirs once that
+store has landed. In deterministic mode the first is the block whose turn is 0; otherwise the
+writers claim the block in its counter (``mdQsemaphore``: claims in the high 16 bits, landed
+first stores in the low ones), and a writer that is not first waits for the first one's store.
+Without a mask every K/V block visits every query block, and with ``rotate`` CTA n starts at
+query block n * blocks / n_blocks and wraps around: the K/V blocks of a head then work on
+different query blocks at any time (rather than all on the same one, one after the other), so a
+block's first store has long landed when the next K/V block arrives.
+
 Deterministic mode (a run-time flag): the additions into a query block's dQ rows happen in
 K/V-block order. Each (batch, head, query block) has a counter in ``mdQsemaphore`` (zero at
 launch); the CTA of K/V block n (its dQ writer) waits until the counter reaches its turn
@@ -76,6 +86,9 @@ LAYOUTS = ("keys", "keys_roles")
 # "rows" 64 rows each (tile_m 128), "cols" half the head dims each, "single" warpgroup 0 alone.
 DQ_SPLITS = ("rows", "cols", "single")
 DQ_STORES = ("tma", "stage")
+# A writer's claim on a query block's dQ (store_first): added to its counter, whose low half
+# counts the first stores that have landed (one per block).
+DQ_CLAIM = 1 << 16
 
 
 def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
@@ -237,7 +250,8 @@ class FlashAttentionBackwardSm90:
         mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
-        mdQsemaphore: cute.Tensor,  # (batch, heads_q, query blocks) int32, zero: deterministic only
+        # (batch, heads_q, query blocks) int32, zero at launch: deterministic turns, store_first's claims
+        mdQsemaphore: cute.Tensor,
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
@@ -245,6 +259,8 @@ class FlashAttentionBackwardSm90:
         num_n_blocks: Int32,  # K/V blocks of the longest sequence (the grid's x)
         has_seqused_k: Int32,
         deterministic: Int32,
+        rotate: Int32,  # 1: without a mask, each CTA's query blocks start at its own one (see module doc)
+        store_first: Int32,  # 1: mdQaccum is not zeroed; the first K/V block stores (module doc)
         stream: cuda.CUstream,
     ):
         # Sequence-major views: (seqlen, dim, head, batch).
@@ -275,6 +291,10 @@ class FlashAttentionBackwardSm90:
         tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sV_layout, (self.tile_n, self.head_dim_v))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, cute.select(sdQ_layout, mode=[0, 1]),
+            (ROWS_PER_WG, self.dq_cols))
+        # The first store into a query block's rows (store_first): the same tiles, overwritten.
+        tma_atom_dQ_store, _ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, cute.select(sdQ_layout, mode=[0, 1]),
             (ROWS_PER_WG, self.dq_cols))
         # The row statistics: one tile_m-row box per query block (the rows are padded, see
         # stats_offset, so boxes never cross a sequence's padding into another's rows).
@@ -316,9 +336,9 @@ class FlashAttentionBackwardSm90:
             batches = cute.size(mCuSeqlensQ.shape[0]) - 1
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdQaccum, mdK, mdV, tma_dK, tma_dV,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic, rotate, store_first,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
-            tma_atom_dK, tma_atom_dV,
+            tma_atom_dQ_store, tma_atom_dK, tma_atom_dV,
             scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, SharedStorage,
@@ -351,6 +371,8 @@ class FlashAttentionBackwardSm90:
         has_seqused_k: Int32,
         mdQsemaphore: cute.Tensor,
         deterministic: Int32,
+        rotate: Int32,
+        store_first: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -358,6 +380,7 @@ class FlashAttentionBackwardSm90:
         tma_atom_LSE: cute.CopyAtom,
         tma_atom_dPsum: cute.CopyAtom,
         tma_atom_dQ: cute.CopyAtom,
+        tma_atom_dQ_store: cute.CopyAtom,
         tma_atom_dK: cute.CopyAtom,
         tma_atom_dV: cute.CopyAtom,
         scale_log2: Float32,
@@ -393,7 +416,7 @@ class FlashAttentionBackwardSm90:
         if n_block >= 0 and n_block * self.tile_n < seq.seqlen_k:
             if warp_idx == 0:
                 for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
-                             tma_atom_dQ, tma_atom_dK, tma_atom_dV):
+                             tma_atom_dQ, tma_atom_dQ_store, tma_atom_dK, tma_atom_dV):
                     cpasync.prefetch_descriptor(atom)
 
             smem = cutlass.utils.SmemAllocator()
@@ -446,6 +469,7 @@ class FlashAttentionBackwardSm90:
                 window_right if const_expr(self.is_local) else None,
             )
             m_block_min, m_block_max = block_info.m_block_range(seq.seqlen_q, seq.seqlen_k, n_block)
+            start = self.first_query_block(seq, n_block, m_block_min, m_block_max, rotate)
             group = mQ.shape[2] // mK.shape[2]
 
             if warp_idx < 4:
@@ -454,11 +478,11 @@ class FlashAttentionBackwardSm90:
                     self.load(mQ, mK, mV, mdO, mLSE, mdPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
                               tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                               pipeline_kv, pipeline_q, pipeline_do,
-                              seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max)
+                              seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start)
                 if warp_idx == DQ_WRITER_WARP:
-                    self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, mdQsemaphore, deterministic, block_info, seq,
-                                  n_block, head_kv, batch_idx, group, m_block_min, m_block_max, pipeline_q,
-                                  pipeline_do)
+                    self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, tma_atom_dQ_store, mdQsemaphore, deterministic,
+                                  store_first, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min,
+                                  m_block_max, start, pipeline_q, pipeline_do)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
@@ -468,7 +492,7 @@ class FlashAttentionBackwardSm90:
                     sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                     tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
-                    batch_idx, group, m_block_min, m_block_max,
+                    batch_idx, group, m_block_min, m_block_max, start,
                 )
 
     @cute.jit
@@ -477,6 +501,29 @@ class FlashAttentionBackwardSm90:
         when dense; packed sequences start at (offset_q + batch_idx * stats_block) rounded down
         to a multiple of stats_block, which keeps every sequence's blocks apart."""
         return stats_offset(seq, batch_idx, self.stats_block, self.is_varlen)
+
+    @cute.jit
+    def first_query_block(self, seq: SeqlenInfo, n_block: Int32, m_block_min: Int32, m_block_max: Int32,
+                          rotate: Int32):
+        """How far into its query range [m_block_min, m_block_max) this CTA starts (``rotate``,
+        no mask: K/V block n of N at n / N of the way round; see the module doc)."""
+        start = Int32(0)
+        if const_expr(not (self.is_causal or self.is_local)):
+            if rotate != 0:
+                start = n_block * (m_block_max - m_block_min) // cute.ceil_div(seq.seqlen_k, self.tile_n)
+        return start
+
+    @cute.jit
+    def query_block(self, i: Int32, start: Int32, m_block_min: Int32, m_block_max: Int32):
+        """The query block of a CTA's visit ``i`` (m_block_min <= i < m_block_max): from
+        m_block_min + start on, wrapping round at m_block_max. The producer, the dQ writer and
+        the consumers walk the same order."""
+        m_block = i
+        if const_expr(not (self.is_causal or self.is_local)):
+            m_block = i + start
+            if m_block >= m_block_max:
+                m_block = m_block - (m_block_max - m_block_min)
+        return m_block
 
     @cute.jit
     def load(
@@ -509,6 +556,7 @@ class FlashAttentionBackwardSm90:
         group: Int32,
         m_block_min: Int32,
         m_block_max: Int32,
+        start: Int32,
     ):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         gK = cute.local_tile(self.tile_view(mK, head_kv, batch_idx, seq.offset_k), (self.tile_n, self.head_dim),
@@ -542,7 +590,8 @@ class FlashAttentionBackwardSm90:
                                                cute.group_modes(gLSE, 0, 1))
             tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, 0, cute.make_layout(1),
                                                cute.group_modes(sdPsum, 0, 1), cute.group_modes(gdPsum, 0, 1))
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
+                m_block = self.query_block(i, start, m_block_min, m_block_max)
                 pipeline_q.producer_acquire(state)
                 bar_q = pipeline_q.producer_get_barrier(state)
                 cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=bar_q)
@@ -588,11 +637,46 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def pass_dq_turn(self, counter, turn: Int32):
         """After this thread's (or, behind a barrier, its group's) dQ additions have landed:
-        hand the query block to the next K/V block."""
+        count them in the query block's counter, which hands the block to the next K/V block
+        (deterministic turns) or, for a first store, lets the other K/V blocks add."""
         if turn >= 0:
             fence_proxy_async_global()
             cute.arch.fence_acq_rel_gpu()
             cute.arch.red(counter, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def claim_dq_block(self, mdQsemaphore: cute.Tensor, block_info: BlockInfo, seq: SeqlenInfo, n_block: Int32,
+                       head: Int32, batch_idx: Int32, m_block: Int32, lane: Int32) -> Int32:
+        """store_first, not deterministic: claim a query block's first store in its counter
+        (lane 0; the others return 0). The writer claims each block one block ahead of storing
+        or adding it, so the atomic's round trip never holds it up (at hd256 a stage waits for
+        the writer: claiming at the block itself measured 5-7% slower); first_dq_store reads
+        the claim."""
+        claim = Int32(0)
+        counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
+        if lane == 0 and turn >= 0:  # turn -1: no counter (never with store_first)
+            claim = cute.arch.atomic_add(counter, Int32(DQ_CLAIM))
+        return claim
+
+    @cute.jit
+    def first_dq_store(self, claim: Int32, counter, lane: Int32) -> Int32:
+        """1 when this CTA's claim (claim_dq_block: the counter before it) was the query block's
+        first: it stores its dQ parts, then counts the store in the counter's low half; else 0
+        once the first one's store has landed (this CTA then adds). The first claimer runs and
+        waits on nothing but its own consumers, so the wait ends."""
+        first = Int32(0)
+        if lane == 0:
+            if claim < DQ_CLAIM:
+                first = Int32(1)
+            else:
+                polls = Int32(0)
+                while cute.arch.load(counter, Int32, sem="acquire", scope="gpu") & (DQ_CLAIM - 1) == 0:
+                    nanosleep()
+                    polls += 1
+                    if polls == SPIN_LIMIT:
+                        trap()
+                fence_proxy_async_global()
+        return cute.arch.shuffle_sync(first, 0)
 
     @cute.jit
     def write_dq(
@@ -600,8 +684,10 @@ class FlashAttentionBackwardSm90:
         mdQ: cute.Tensor,
         sdQ_parts: cute.Tensor,
         tma_atom_dQ: cute.CopyAtom,
+        tma_atom_dQ_store: cute.CopyAtom,
         mdQsemaphore: cute.Tensor,
         deterministic: Int32,
+        store_first: Int32,
         block_info: BlockInfo,
         seq: SeqlenInfo,
         n_block: Int32,
@@ -610,31 +696,45 @@ class FlashAttentionBackwardSm90:
         group: Int32,
         m_block_min: Int32,
         m_block_max: Int32,
+        start: Int32,
         pipeline_q: pipeline.PipelineAsync,
         pipeline_do: pipeline.PipelineAsync,
     ):
-        """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add); in
-        deterministic mode in its K/V-block turn, each addition complete before the next turn.
+        """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add), or with
+        store_first stores them where this CTA is the block's first (claim_dq_block, or turn 0);
+        in deterministic mode in its K/V-block turn, each addition complete before the next turn.
         "tma": from the staging buffer, handed back per part (DQ_EMPTY); "stage": from the
         block's Q/dO stage, handed back to the producer once the reduce-adds have read it."""
         sync = THREADS_PER_WG + cute.arch.WARP_SIZE
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        claims = store_first != 0 and deterministic == 0
+        claim = Int32(0)  # the claim on the block the loop is at (claim_dq_block)
+        if claims:
+            claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group, batch_idx,
+                                        self.query_block(m_block_min, start, m_block_min, m_block_max), lane)
         for g in cutlass.range(group, unroll=1):
             head = head_kv * group + g
             gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (ROWS_PER_WG, self.dq_cols),
                                   (None, None))
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
+                m_block = self.query_block(i, start, m_block_min, m_block_max)
                 if const_expr(self.dq_store == "tma"):
                     for p in cutlass.range_constexpr(self.dq_parts):
                         # The previous block's reduce-add of this part has read shared memory.
                         cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
                         cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
                 counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
+                first = Int32(0)  # 1: store the parts (the accumulator's first write), not add them
                 if deterministic != 0:
                     if lane == 0:
                         self.wait_dq_turn(counter, turn)
                     # The TMA copies below elect a lane among those active: all wait for lane 0.
+                    cute.arch.sync_warp()
+                    if store_first != 0 and turn == 0:
+                        first = Int32(1)
+                elif store_first != 0:
+                    first = self.first_dq_store(claim, counter, lane)
                     cute.arch.sync_warp()
                 for p in cutlass.range_constexpr(self.dq_parts):
                     full_id = int(BwdBarrier.DQ_FULL) + p
@@ -651,10 +751,24 @@ class FlashAttentionBackwardSm90:
                         tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(src, 0, 2),
                         cute.group_modes(gdQ[None, None, row_block, col_block], 0, 2),
                     )
-                    cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                    if first != 0:
+                        cute.copy(tma_atom_dQ_store, tsdQ, tgdQ)
+                    else:
+                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
                     cute.arch.cp_async_bulk_commit_group()
-                if deterministic != 0:
-                    # Every lane waits for its own bulk groups (the elected one issued the copies).
+                if claims:
+                    # The next block's claim (in this head, or the next head's first block).
+                    next_i, next_g = i + 1, g
+                    if next_i == m_block_max:
+                        next_i, next_g = m_block_min, g + 1
+                    if next_g < group:
+                        claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group + next_g,
+                                                    batch_idx, self.query_block(next_i, start, m_block_min,
+                                                                                m_block_max), lane)
+                if deterministic != 0 or first != 0:
+                    # The block's additions (the next turn), or its first store (the others add
+                    # after it), have landed: count them. Every lane waits for its own bulk
+                    # groups (the elected one issued the copies).
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     cute.arch.sync_warp()
                     if lane == 0:
@@ -722,6 +836,7 @@ class FlashAttentionBackwardSm90:
         group: Int32,
         m_block_min: Int32,
         m_block_max: Int32,
+        start: Int32,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
@@ -763,7 +878,8 @@ class FlashAttentionBackwardSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)  # 0 on the CTA's first query block: dK/dV start from it
         for _ in cutlass.range(group, unroll=1):
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
+                m_block = self.query_block(i, start, m_block_min, m_block_max)
                 stage = state.index
                 # (1) the scores and their gradients' dot products, transposed: S^T and dP^T.
                 pipeline_q.consumer_wait(state)
@@ -802,7 +918,7 @@ class FlashAttentionBackwardSm90:
         self, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV,
         sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum, pipeline_kv, pipeline_q, pipeline_do,
         tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tidx, scale_log2, score_scale, softcap,
-        softmax_scale, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max,
+        softmax_scale, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
     ):
         """"keys_roles": warpgroup 1 the probabilities' side (S^T, P^T, dV), warpgroup 2 the
         gradients' side (dP^T, dS^T, dK); each computes half of dQ's head dims. Per query block:
@@ -834,7 +950,7 @@ class FlashAttentionBackwardSm90:
             acc_dV = self.probs_role(
                 sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, scale_log2, score_scale,
-                softcap, softmax_scale, sdQ, block_info, seq, n_block, group, m_block_min, m_block_max, tidx)
+                softcap, softmax_scale, sdQ, block_info, seq, n_block, group, m_block_min, m_block_max, start, tidx)
             self.epilogue_dkv(None, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
         else:
@@ -849,7 +965,7 @@ class FlashAttentionBackwardSm90:
     def probs_role(self, sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
                    scale_log2, score_scale, softcap, softmax_scale, sdQ, block_info, seq, n_block, group,
-                   m_block_min, m_block_max, tidx):
+                   m_block_min, m_block_max, start, tidx):
         """"keys_roles", warpgroup 1 (see consume_roles); returns dV."""
         wg_mma_dv = tiled_mma_dv.get_slice(0)
         tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
@@ -863,7 +979,8 @@ class FlashAttentionBackwardSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)
         for _ in cutlass.range(group, unroll=1):
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
+                m_block = self.query_block(i, start, m_block_min, m_block_max)
                 stage = state.index
                 pipeline_q.consumer_wait(state)
                 acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrK, tSrQ, stage)
