@@ -15,22 +15,26 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 
 
-def run_aot_build(lib_dir: Path) -> None:
+def run_aot_build(lib_dir: Path, kernels: bool = True) -> None:
+    """The kernels and the native libraries; without ``kernels`` (FA4_SKIP_AOT=1) only the
+    run-time rules' library, plain C, which fa4.heuristics loads even on CPU-only installs."""
     sys.path.insert(0, str(ROOT / "src"))  # build-time only: the driver lives in the source tree
     from fa4_kernels import aot
 
-    aot.build(ROOT / "build" / "aot", lib_dir)
+    if kernels:
+        aot.build(ROOT / "build" / "aot", lib_dir)
+    else:
+        aot.build_rules(lib_dir)
 
 
 class BuildWithKernels(build_py):
     def run(self):
         super().run()
-        if os.environ.get("FA4_SKIP_AOT") == "1":
-            return
+        kernels = os.environ.get("FA4_SKIP_AOT") != "1"
         if getattr(self, "editable_mode", False):
-            run_aot_build(ROOT / "torch_ops" / "_native")
+            run_aot_build(ROOT / "torch_ops" / "_native", kernels)
         else:
-            run_aot_build(Path(self.build_lib) / "fa4" / "_native")
+            run_aot_build(Path(self.build_lib) / "fa4" / "_native", kernels)
 
 
 class PlatformWheel(bdist_wheel):

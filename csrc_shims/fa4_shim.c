@@ -5,6 +5,7 @@
  */
 #include "fa4_shim.h"
 #include "fa4_variant_table.h"
+#include "fa4_rules.h"
 
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -25,6 +26,14 @@ static int32_t fail(int32_t code, const char *fmt, ...) {
 }
 
 const char *fa4_last_error(void) { return last_error; }
+
+static __thread fa4_launch last_launch[2] = {{-1}, {-1}};
+
+int32_t fa4_last_launch(int32_t kind, fa4_launch *out) {
+  if (kind != FA4_KERNEL_FWD && kind != FA4_KERNEL_BWD) return FA4_ERR_WRONG_KIND;
+  *out = last_launch[kind];
+  return FA4_OK;
+}
 
 int32_t fa4_num_variants(void) { return fa4_variant_count; }
 
@@ -66,23 +75,33 @@ done:
   return status;
 }
 
-/* strides16: every stride but the last must be a positive multiple of 16 bytes (TMA and bulk
- * copies need it). */
+/* Compute capability per device, major * 10 + minor (0: not read yet): read once, as launches
+ * are frequent and a device's capability never changes. */
+static int compute_capability[FA4_MAX_DEVICES];
+
 /* The variant's module loaded on the current device, whose compute capability it must match. */
 static int32_t ready_on_current_device(int32_t index) {
   const fa4_variant *variant = &fa4_variants[index];
-  int device, major, minor;
+  int device, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return fail(FA4_ERR_CUDA, "querying the current device failed: %s", cudaGetErrorString(err));
   if (device >= FA4_MAX_DEVICES) return fail(FA4_ERR_CUDA, "device index %d too large", device);
+  if (compute_capability[device] == 0) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (err != cudaSuccess)
+      return fail(FA4_ERR_CUDA, "querying device %d failed: %s", device, cudaGetErrorString(err));
+    compute_capability[device] = major * 10 + minor;
+  }
+  major = compute_capability[device] / 10, minor = compute_capability[device] % 10;
   if (major != variant->cc_major || minor != variant->cc_minor)
     return fail(FA4_ERR_WRONG_ARCH, "%s needs compute capability %d.%d, device %d is %d.%d",
                 variant->name, variant->cc_major, variant->cc_minor, device, major, minor);
   return ensure_loaded(index, device);
 }
 
+/* strides16: every stride but the last must be a positive multiple of 16 bytes (TMA and bulk
+ * copies need it). */
 static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank, int32_t elem_bytes,
                             int32_t strides16) {
   if (!t || !t->data) return fail(FA4_ERR_BAD_TENSOR, "%s: null tensor or data pointer", name);
@@ -177,6 +196,8 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
 
   if ((status = ready_on_current_device(index))) return status;
 
+  last_launch[FA4_KERNEL_FWD] = (fa4_launch){index, params->pack_gqa, params->tail_ctas, params->heads_per_group,
+                                             params->num_sms, 0, 0, 0, semaphores->data, semaphores->shape[0]};
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
                              seq_order, params, (cudaStream_t)stream);
   if (ret != 0)
@@ -184,11 +205,9 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   return FA4_OK;
 }
 
-/* Rows of the backward statistics (blocks of fa4_stats_block_rows): dense (num_seqs < 0)
- * ceil(seqlen_q / block), packed num_seqs + 1 blocks more (each sequence starts on a block). */
+/* Rows of the backward statistics (blocks of fa4_stats_block_rows; fa4_rules.h). */
 static int64_t stats_rows(int64_t total_q, int64_t num_seqs) {
-  int64_t block = fa4_stats_block_rows;
-  return ((total_q + block - 1) / block + (num_seqs >= 0 ? num_seqs + 1 : 0)) * block;
+  return fa4_stats_rows(total_q, fa4_stats_block_rows, num_seqs);
 }
 
 /* Does t (rank 4, (batch, seqlen, heads, dim)) have these sizes? */
@@ -252,6 +271,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
   if ((status = ready_on_current_device(index))) return status;
 
+  last_launch[FA4_KERNEL_BWD] = (fa4_launch){index, 1, 0, 0, 0, params->store_first, params->rotate,
+                                             params->deterministic, dq_semaphore->data, dq_semaphore->shape[0]};
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
                              seqused_k, dq_semaphore, params, (cudaStream_t)stream);
   if (ret != 0)

@@ -114,6 +114,24 @@ int32_t fa4_bwd_preprocess(int32_t variant, const fa4_tensor *out, const fa4_ten
                            const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
                            const fa4_bwd_pre_params *params, void *stream);
 
+/* What the last forward or backward launch on this thread ran (for tests and diagnostics):
+ * its variant index and the decisions the caller made for it. */
+typedef struct {
+  int32_t variant;
+  int32_t pack_gqa;        /* forward */
+  int32_t tail_ctas;       /* forward */
+  int32_t heads_per_group; /* forward */
+  int32_t grid;            /* forward: params->num_sms */
+  int32_t store_first;     /* backward */
+  int32_t rotate;          /* backward */
+  int32_t deterministic;   /* backward */
+  void *semaphores;        /* forward: semaphores; backward: dq_semaphore */
+  int64_t semaphore_words; /* its first dimension */
+} fa4_launch;
+
+/* kind: FA4_KERNEL_FWD (0) or FA4_KERNEL_BWD (1); variant -1 before any launch. */
+int32_t fa4_last_launch(int32_t kind, fa4_launch *out);
+
 #ifdef __cplusplus
 }
 #endif

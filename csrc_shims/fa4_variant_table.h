@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 #include "fa4_shim.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FA4_MAX_VARIANTS 1024
 
 typedef int32_t (*fa4_init_fn)(void);
@@ -28,11 +32,19 @@ typedef int32_t (*fa4_bwd_pre_fn)(const fa4_tensor *out, const fa4_tensor *dout,
                                   const fa4_bwd_pre_params *params, cudaStream_t stream);
 
 enum fa4_kernel_kind { FA4_KERNEL_FWD = 0, FA4_KERNEL_BWD = 1, FA4_KERNEL_BWD_PRE = 2 };
+enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1 };
 
 typedef struct {
   const char *name;
   int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre below is set */
   int32_t cc_major, cc_minor;
+  /* The call key it serves (catalog.VariantKey): dtype, head dims, mask (fa4_mask_kind in
+     fa4_rules.h), softcap, varlen, and its tile family (fa4_tile_family). */
+  int32_t dtype; /* fa4_dtype */
+  int32_t head_dim, head_dim_v;
+  int32_t mask;
+  int32_t softcap;
+  int32_t tiles;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
   int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;
                      bwd: the padding unit of the LSE/dPsum rows) */
@@ -49,4 +61,8 @@ extern const fa4_variant fa4_variants[];
 extern const int32_t fa4_variant_count;
 /* The backward statistics' padding unit in rows (fa4_kernels.heuristics.STATS_BLOCK_ROWS). */
 extern const int32_t fa4_stats_block_rows;
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 import fa4
-import fa4.ops as ops
 
 # The record layout's constants, read from the kernel module's source (the GPU machine has no
 # DSL to import it with).
@@ -28,6 +27,39 @@ STEP_NAMES = ("K wait", "turn wait", "GEMM issue", "QK^T wait", "softmax+PV wait
 TILE_NAMES = ("Q wait", "first block", "K/V loop", "last PV", "normalise O", "convert O", "sO free",
               "stmatrix", "LSE", "O store", "tile end")
 TENSOR_FLOP_PER_CLK = 4096  # dense bf16 per SM per clock on H100/H200
+
+
+class StampsBuffer:
+    """The per-device buffer a stamped build's kernels write into (csrc_shims/fa4_ops.cpp,
+    fa4_diag_stamps), zeroed and read back through the CUDA runtime."""
+
+    def __init__(self):
+        import ctypes
+
+        torch.zeros(1, device="cuda")  # the CUDA context
+        ops = ctypes.CDLL(str(fa4._native.OPS_PATH))
+        self.cudart = ctypes.CDLL("libcudart.so.13")
+        self.data, words = ctypes.c_void_p(), ctypes.c_int64()
+        if not hasattr(ops, "fa4_diag_stamps"):
+            raise SystemExit("this build has no clock stamps: rebuild with FA4_DIAG_STAMPS=1 (or tiles)")
+        ops.fa4_diag_stamps(torch.cuda.current_device(), ctypes.byref(self.data), ctypes.byref(words))
+        self.words = words.value
+
+    def zero_(self):
+        torch.cuda.synchronize()
+        self.cudart.cudaMemset(self.data, 0, self.words * 4)
+
+    def view(self, dtype):
+        out = torch.empty(self.words, dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        self.cudart.cudaMemcpy(ctypes_ptr(out), self.data, self.words * 4, 3)  # device to device
+        return out.view(dtype)
+
+
+def ctypes_ptr(t):
+    import ctypes
+
+    return ctypes.c_void_p(t.data_ptr())
 
 
 def run(batch, seqlen, heads, head_dim, buf):
@@ -78,8 +110,7 @@ def main():
     os.environ["FA4_TILES"] = args.tiles
     d = args.head_dim
     heads = 2048 // d
-    buf = torch.zeros(max(st.buffer_words(), 1 << 16), dtype=torch.int32, device="cuda")
-    ops._unused_vector = lambda index: buf  # the kernel writes its stamps into "partials"
+    buf = StampsBuffer()
     # The tile shape the build chose (variants.json), for the dense no-mask bf16 variant timed.
     variant = next(v for v in fa4._native.manifest()["variants"]
                    if (v["head_dim"], v["head_dim_v"], v["dtype"], v["mask"], v["softcap"], v["varlen"])

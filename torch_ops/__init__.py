@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import ops, ops_varlen  # noqa: F401  (register torch.ops.fa4.*)
+from fa4 import _native, log, ops, ops_varlen  # noqa: F401  (define torch.ops.fa4.*)
 from fa4.reference import default_scale
+from fa4.validation import native_error
+
+_native.load_operators()  # their CUDA implementations
+log.configure()
+_FWD, _FWD_VARLEN = torch.ops.fa4.fwd.default, torch.ops.fa4.fwd_varlen.default  # resolved once: per-call cost
 
 __all__ = ["attention", "attention_varlen"]
 __version__ = "0.1.0"
@@ -58,10 +63,16 @@ def attention(
     if scale is None:
         scale = default_scale(q.shape[-1])
     window_left, window_right = window
-    out, lse = torch.ops.fa4.fwd(
-        q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap), pack_gqa,
-        _deterministic(deterministic),
-    )
+    try:
+        out, lse = ops.call(
+            _FWD, ops._setup_context, ops._backward,
+            q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap), pack_gqa,
+            _deterministic(deterministic),
+        )
+    except RuntimeError as error:
+        raise native_error(error) from None
+    if not torch.compiler.is_compiling() and log.debug_enabled() and q.is_cuda:
+        log.launched("fwd", f"q {tuple(q.shape)} k {tuple(k.shape)} causal={causal} window={window}")
     return (out, lse) if return_lse else out
 
 
@@ -108,10 +119,16 @@ def attention_varlen(
     if scale is None:
         scale = default_scale(q.shape[-1])
     window_left, window_right = window
-    out, lse = torch.ops.fa4.fwd_varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
-        int(window_left), int(window_right), float(softcap), pack_gqa, _deterministic(deterministic),
-    )
+    try:
+        out, lse = ops.call(
+            _FWD_VARLEN, ops_varlen._setup_context, ops_varlen._backward,
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
+            int(window_left), int(window_right), float(softcap), pack_gqa, _deterministic(deterministic),
+        )
+    except RuntimeError as error:
+        raise native_error(error) from None
+    if not torch.compiler.is_compiling() and log.debug_enabled() and q.is_cuda:
+        log.launched("fwd", f"varlen q {tuple(q.shape)} k {tuple(k.shape)}, {cu_seqlens_q.shape[0] - 1} sequences")
     return (out, lse) if return_lse else out
 
 

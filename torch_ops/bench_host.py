@@ -55,49 +55,69 @@ def _inputs(head_dim: int, requires_grad: bool = False):
     return (q, k, v), tuple(t.transpose(1, 2) for t in (q, k, v))
 
 
-def sdpa_with(backend: SDPBackend, fn, calls: int) -> float:
-    with sdpa_kernel(backend):
-        return per_call_us(fn, calls)
+ROUNDS = 5
+
+
+def measure(fns: dict, calls: int, rounds: int = ROUNDS) -> dict:
+    """{name: median over ``rounds`` of per_call_us}: the functions take turns within a round, in
+    an order rotated each round, so a noisy stretch of the host's time hits them alike.
+    ``fns`` values are (function, SDPA backend or None)."""
+    names = list(fns)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, backend = fns[name]
+            if backend is None:
+                samples[name].append(per_call_us(fn, calls))
+            else:
+                with sdpa_kernel(backend):
+                    samples[name].append(per_call_us(fn, calls))
+    return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
 
 
 def step_us(head_dim: int, causal: bool, calls: int) -> tuple[float, float]:
     """(fa4, SDPA cuDNN) CPU time per forward + backward step (``torch.autograd.grad``)."""
     (q, k, v), (qt, kt, vt) = _inputs(head_dim, requires_grad=True)
     do = torch.randn_like(q)
-    fa4_us = per_call_us(lambda: torch.autograd.grad(fa4.attention(q, k, v, causal=causal), (q, k, v), do), calls)
-    cudnn_us = sdpa_with(SDPBackend.CUDNN_ATTENTION, lambda: torch.autograd.grad(
-        F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), (qt, kt, vt), do.transpose(1, 2)), calls)
-    return fa4_us, cudnn_us
+    us = measure({
+        "fa4": (lambda: torch.autograd.grad(fa4.attention(q, k, v, causal=causal), (q, k, v), do), None),
+        "cudnn": (lambda: torch.autograd.grad(F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),
+                                              (qt, kt, vt), do.transpose(1, 2)), SDPBackend.CUDNN_ATTENTION),
+    }, calls)
+    return us["fa4"], us["cudnn"]
 
 
 def eager_rows(head_dim: int, causal: bool, calls: int) -> list[tuple[str, float, float]]:
-    """(case, us, SDPA-cuDNN us of the same kind of call): the eager forward and the forward +
-    backward step."""
+    """(case, us, SDPA-cuDNN us of the same kind of call): the eager forward, the raw op, SDPA's
+    flash backend, the forward + backward step (``torch.autograd.grad``) and the forward through
+    torch.compile (default mode)."""
     (q, k, v), (qt, kt, vt) = _inputs(head_dim)
+    (qg, kg, vg), (qgt, kgt, vgt) = _inputs(head_dim, requires_grad=True)
+    do = torch.randn_like(q)
     scale = head_dim ** -0.5
-    fa4_fwd = per_call_us(lambda: fa4.attention(q, k, v, causal=causal), calls)
-    op_fwd = per_call_us(lambda: torch.ops.fa4.fwd(q, k, v, scale, causal), calls)
     sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: E731
-    cudnn_fwd = sdpa_with(SDPBackend.CUDNN_ATTENTION, sdpa, calls)
-    flash_fwd = sdpa_with(SDPBackend.FLASH_ATTENTION, sdpa, calls)
-    fa4_step, cudnn_step = step_us(head_dim, causal, calls)
+    fa4_compiled = torch.compile(lambda q, k, v: fa4.attention(q, k, v, causal=causal), fullgraph=True)
+    sdpa_compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                  fullgraph=True)
+    cudnn, flash = SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION
+    us = measure({
+        "fa4": (lambda: fa4.attention(q, k, v, causal=causal), None),
+        "op": (lambda: torch.ops.fa4.fwd(q, k, v, scale, causal), None),
+        "cudnn": (sdpa, cudnn),
+        "flash": (sdpa, flash),
+        "fa4 step": (lambda: torch.autograd.grad(fa4.attention(qg, kg, vg, causal=causal), (qg, kg, vg), do), None),
+        "cudnn step": (lambda: torch.autograd.grad(F.scaled_dot_product_attention(qgt, kgt, vgt, is_causal=causal),
+                                                   (qgt, kgt, vgt), do.transpose(1, 2)), cudnn),
+        "fa4 compiled": (lambda: fa4_compiled(q, k, v), None),
+        "cudnn compiled": (lambda: sdpa_compiled(qt, kt, vt), cudnn),
+    }, calls)
     return [
-        ("fa4.attention forward", fa4_fwd, cudnn_fwd),
-        ("torch.ops.fa4.fwd", op_fwd, cudnn_fwd),
-        ("SDPA flash forward", flash_fwd, cudnn_fwd),
-        ("fa4 forward + backward step", fa4_step, cudnn_step),
+        ("fa4.attention forward", us["fa4"], us["cudnn"]),
+        ("torch.ops.fa4.fwd", us["op"], us["cudnn"]),
+        ("SDPA flash forward", us["flash"], us["cudnn"]),
+        ("fa4 forward + backward step", us["fa4 step"], us["cudnn step"]),
+        ("fa4 forward, torch.compile", us["fa4 compiled"], us["cudnn compiled"]),
     ]
-
-
-def compiled_row(head_dim: int, causal: bool, calls: int) -> tuple[str, float, float]:
-    """The forward through torch.compile (default mode), fa4 against SDPA with cuDNN."""
-    (q, k, v), (qt, kt, vt) = _inputs(head_dim)
-    fa4_fn = torch.compile(lambda q, k, v: fa4.attention(q, k, v, causal=causal), fullgraph=True)
-    sdpa_fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                            fullgraph=True)
-    fa4_us = per_call_us(lambda: fa4_fn(q, k, v), calls)
-    cudnn_us = sdpa_with(SDPBackend.CUDNN_ATTENTION, lambda: sdpa_fn(qt, kt, vt), calls)
-    return ("fa4 forward, torch.compile", fa4_us, cudnn_us)
 
 
 FIRST_CALL_SCRIPT = f"""
@@ -145,12 +165,12 @@ def sync_free_paths(head_dim: int) -> list[tuple[str, str]]:
 
 
 def report(head_dim: int = 128, calls: int = 200) -> None:
-    print(f"host time per call, us (hd{head_dim}, {TOKENS} tokens, {HEADS} heads, bf16; {calls} back-to-back "
-          f"calls, no sync; SDPA's backend chosen outside the loop); target fa4 <= {HOST_RATIO_MAX}x SDPA cuDNN")
+    print(f"host time per call, us (hd{head_dim}, {TOKENS} tokens, {HEADS} heads, bf16; median of {ROUNDS} rounds "
+          f"of {calls} back-to-back calls, no sync, the cases taking turns; SDPA's backend chosen outside the "
+          f"loop); target fa4 <= {HOST_RATIO_MAX}x SDPA cuDNN")
     print(f"{'case':30s} {'mask':7s} {'us':>8s} {'SDPA cuDNN us':>14s} {'ratio':>6s}")
     for causal in (False, True):
-        rows = eager_rows(head_dim, causal, calls) + [compiled_row(head_dim, causal, calls)]
-        for name, us, cudnn_us in rows:
+        for name, us, cudnn_us in eager_rows(head_dim, causal, calls):
             print(f"{name:30s} {'causal' if causal else 'none':7s} {us:8.1f} {cudnn_us:14.1f} {us / cudnn_us:6.2f}",
                   flush=True)
     print(f"first fa4 call in a fresh process (import + call + sync): {first_call_ms():.1f} ms "

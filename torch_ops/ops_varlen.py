@@ -2,15 +2,15 @@
 
 q (total_q, heads_q, head_dim), k/v (total_k, heads_kv, head_dim[_v]); sequence i is rows
 cu_seqlens[i]:cu_seqlens[i + 1] (keys: only the first seqused_k[i] of them when given).
-out (total_q, heads_q, head_dim_v), lse (heads_q, total_q) fp32.
+out (total_q, heads_q, head_dim_v), lse (heads_q, total_q) fp32. CUDA: native, as fa4.ops says.
 """
 from __future__ import annotations
 
 import torch
 
-from fa4 import backward, heuristics, reference
-from fa4.ops import _MASK_ARGS, _bwd_variants, _run_kernel
-from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets
+from fa4 import heuristics, reference
+from fa4.ops import _MASK_ARGS
+from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets, native_error
 
 torch.library.define(
     "fa4::fwd_varlen",
@@ -71,21 +71,6 @@ def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_s
     return out, lse
 
 
-@torch.library.impl("fa4::fwd_varlen", "CUDA")
-def _fwd_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal=False, window_left=-1, window_right=-1, softcap=0.0, pack_gqa=None, deterministic=False):
-    mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    causal, window_left, window_right, softcap, pack_gqa)
-    out, lse = _empty_outputs(q, v)
-    if q.shape[0] == 0 or q.shape[1] == 0:
-        return out, lse
-    if k.shape[0] == 0:
-        return out.zero_(), lse.fill_(float("-inf"))
-    _run_kernel(q[None], k[None], v[None], out[None], lse[None], mask, softmax_scale, softcap,
-                varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q), pack_gqa=pack_gqa)
-    return out, lse
-
-
 @torch.library.register_fake("fa4::bwd_varlen")
 def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
@@ -107,33 +92,22 @@ def _bwd_cpu(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_
     return dq, dk, dv
 
 
-@torch.library.impl("fa4::bwd_varlen", "CUDA")
-def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
-    mask = _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    causal, window_left, window_right, softcap)
-    if min(q.shape[0], q.shape[1], k.shape[0]) == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    variants = _bwd_variants(q, v, mask, softcap, varlen=True)
-    dq, dk, dv = backward.run_backward(
-        variants, dout[None], q[None], k[None], v[None], out[None], lse[None], None if dlse is None else dlse[None],
-        mask, softmax_scale, softcap, varlen=(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
-        deterministic=deterministic)
-    return dq[0], dk[0], dv[0]
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, used_k, max_q, max_k, scale, causal, wl, wr, softcap, _pack_gqa, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k)
     ctx.options = (max_q, max_k, scale, causal, wl, wr, softcap, deterministic)
+    ctx.set_materialize_grads(False)  # an unused LSE gets no zeros: the backward takes dlse=None
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, used_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
+    try:
+        dq, dk, dv = torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
+    except RuntimeError as error:
+        raise native_error(error) from None
     return (dq, dk, dv) + (None,) * 12
 
 

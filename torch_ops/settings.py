@@ -1,15 +1,16 @@
-"""Every run-time FA4_* environment variable, read here and nowhere else (see the README).
+"""The run-time FA4_* environment variables Python reads (see the README).
 
-Build-time variables (FA4_ARCHS, FA4_VARIANTS, FA4_BUILD_JOBS) belong to the build driver,
-``fa4_kernels.aot.env_settings``.
+The tuning settings the native operators apply per call (FA4_L2_SWIZZLE_MB, FA4_PERSISTENT,
+FA4_TILES, FA4_SPLIT_TAIL, FA4_BWD_STORE_FIRST, FA4_BWD_ROTATE) are read in one C function,
+``fa4_read_tuning`` (csrc_shims/fa4_rules.c). Build-time variables (FA4_ARCHS, FA4_VARIANTS,
+FA4_BUILD_JOBS) belong to the build driver, ``fa4_kernels.aot.env_settings``.
 """
 import os
 
-from .heuristics import TILE_FAMILIES
-
 
 def native_disabled() -> bool:
-    """FA4_DISABLE_NATIVE=1: never call the compiled kernels (CUDA inputs raise instead)."""
+    """FA4_DISABLE_NATIVE=1 (read when fa4 is imported): never call the compiled kernels (CUDA
+    inputs raise instead)."""
     return os.environ.get("FA4_DISABLE_NATIVE", "") == "1"
 
 
@@ -18,47 +19,15 @@ def reference_chunk_bytes() -> int:
     return int(float(os.environ.get("FA4_REF_CHUNK_MB", "256")) * 2**20)
 
 
-def l2_swizzle_bytes() -> int | None:
-    """FA4_L2_SWIZZLE_MB: L2 share the tile order may fill with one group's K/V, taken as it is
-    (tuning knob; unset: fa4.heuristics.heads_per_group's choice, which with a mask also makes
-    groups large enough for the longest-first schedule to end evenly)."""
-    value = os.environ.get("FA4_L2_SWIZZLE_MB")
-    return int(float(value) * 2**20) if value else None
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def persistent_override() -> bool | None:
-    """FA4_PERSISTENT=0/1: force a one-CTA-per-tile grid or the persistent one (tuning knob)."""
-    value = os.environ.get("FA4_PERSISTENT")
-    return None if value in (None, "") else value == "1"
-
-
-def split_tail_override() -> bool | None:
-    """FA4_SPLIT_TAIL=0/1: never split the last round of tiles, or split it whenever there is one
-    (tuning knob; default: fa4.heuristics.split_tail_ctas's choice)."""
-    value = os.environ.get("FA4_SPLIT_TAIL")
-    return None if value in (None, "") else value == "1"
-
-
-def bwd_store_first_override() -> bool | None:
-    """FA4_BWD_STORE_FIRST=0/1: zero the backward's dQ accumulator and add every K/V block's part,
-    or let each query block's first K/V block store (tuning knob; default:
-    fa4.heuristics.bwd_store_first)."""
-    value = os.environ.get("FA4_BWD_STORE_FIRST")
-    return None if value in (None, "") else value == "1"
-
-
-def bwd_rotate_override() -> bool | None:
-    """FA4_BWD_ROTATE=0/1: every backward K/V block walks the query blocks from the first one, or
-    (no mask) from a query block of its own (tuning knob; default: fa4.heuristics.bwd_rotate)."""
-    value = os.environ.get("FA4_BWD_ROTATE")
-    return None if value in (None, "") else value == "1"
-
-
-def tile_family_override() -> str | None:
-    """FA4_TILES=regular/short/long: run that tile family wherever it is built (dense: hd64 "short"
-    without a mask or causal, hd128 "long" without a mask), the regular tiles elsewhere (tuning
-    and test knob; default: fa4.heuristics.tile_family)."""
-    value = os.environ.get("FA4_TILES", "")
-    if value and value not in TILE_FAMILIES:
-        raise ValueError(f"FA4_TILES must be one of {', '.join(TILE_FAMILIES)}; got {value!r}")
+def log_level() -> str | None:
+    """FA4_LOG=debug/info/warning/error (read when fa4 is imported): the level of the ``fa4``
+    logger (fa4.log); at debug every eager CUDA call logs the variant, tile family, pack-GQA
+    factor and split decision it launched with. Unset: the logger is left as Python's logging
+    configures it."""
+    value = os.environ.get("FA4_LOG", "").strip().lower()
+    if value and value not in LOG_LEVELS:
+        raise ValueError(f"FA4_LOG must be one of {', '.join(LOG_LEVELS)}; got {value!r}")
     return value or None

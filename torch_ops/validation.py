@@ -1,6 +1,8 @@
 """Argument checks with messages that name the argument and the rule it breaks."""
 from __future__ import annotations
 
+import re
+
 import torch
 
 from fa4.heuristics import PACKABLE_GROUPS
@@ -111,3 +113,18 @@ def check_varlen_offsets(cu_seqlens: torch.Tensor, total: int, name: str) -> lis
     if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise ValueError(f"{name} must start at 0, be non-decreasing and end at {total}; got {offsets}")
     return offsets
+
+
+# The native operators' errors name the Python exception they stand for (csrc_shims/fa4_ops.cpp).
+_NATIVE_ERROR = re.compile(r"\[fa4 (ValueError|TypeError|NotImplementedError|RuntimeError)\] (.*)", re.S)
+_ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "NotImplementedError": NotImplementedError,
+                "RuntimeError": RuntimeError}
+
+
+def native_error(error: RuntimeError) -> Exception:
+    """The exception a native operator's error stands for (the CPU path raises the same type),
+    or ``error`` itself when it is not one of fa4's."""
+    found = _NATIVE_ERROR.search(str(error))
+    if found is None:
+        return error
+    return _ERROR_TYPES[found.group(1)](found.group(2).strip())

@@ -39,8 +39,10 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header = tmp_path / f"{KEY.name}.h"
     header.write_text(_fake_header(KEY.name))
     c = aot.generate_table([(KEY, header)])
-    # forward kind, sm_90, not varlen, tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
-    assert f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, 0, 128, 128, 0,' in c
+    # forward kind, sm_90, its call key (bf16, 128 x 128, causal, no softcap, regular tiles, not
+    # varlen), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
+    assert (f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 0, '
+            'FA4_TILES_REGULAR, 0, 128, 128, 0,') in c
     assert f"{KEY.name}_fwd, NULL, NULL}}" in c
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
@@ -69,11 +71,13 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
         entries.append((key, path))
     c = aot.generate_table(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
-    assert f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, 1, 64, 128, 0,' in c and f"NULL, {main.name}_bwd, NULL}}" in c
+    assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
+            'FA4_TILES_REGULAR, 1, 64, 128, 0,') in c and f"NULL, {main.name}_bwd, NULL}}" in c
     assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream" in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
-    assert f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, 1, 128, 0, 0,' in c and f"NULL, NULL, {pre.name}_bwd_pre}}" in c
+    assert (f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
+            'FA4_TILES_REGULAR, 1, 128, 0, 0,') in c and f"NULL, NULL, {pre.name}_bwd_pre}}" in c
     assert "p->has_dlse, p->zero_rows, p->num_m_blocks, stream" in c
 
 

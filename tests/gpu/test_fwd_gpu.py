@@ -1,7 +1,7 @@
 """The compiled Hopper forward against a float64 reference (skipped without a Hopper GPU).
 
-Every check poisons the output memory first (NaN-filled caching-allocator blocks, or NaN
-output buffers for the raw native call) so an unwritten element cannot pass, and compares
+Every check poisons the output memory first (NaN-filled caching-allocator blocks, which the
+native operators allocate from too) so an unwritten element cannot pass, and compares
 with SDPA's math backend in the same dtype: fa4's error must stay within 2x of it.
 """
 import math
@@ -240,17 +240,46 @@ def test_rows_without_keys_are_zero_with_minus_inf_lse():
     assert torch.isfinite(out).all() and torch.isfinite(lse[..., 260:]).all()
 
 
-def test_native_call_writes_every_output_element():
+def test_native_op_writes_every_output_element():
     q, k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((2, 4, 1000), float("nan"), device="cuda")
-    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    unused = torch.zeros(2, dtype=torch.int32, device="cuda")
-    _native.fwd("fa4_fwd_sm_90a_bf16_d128x128_causal", q, k, v, out, lse, counter, unused.view(torch.float32),
-                unused, unused, unused, unused, 0.088, 0.0, 1 << 30, 0, 3, 132, 1, False, 1, 0,
-                torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
+    poison_allocator()
+    out, lse = torch.ops.fa4.fwd(q, k, v, 0.088, True)
+    assert _native.last_launch("fwd")["name"] == "fa4_fwd_sm_90a_bf16_d128x128_causal"
     assert not out.isnan().any() and not lse.isnan().any()
+
+
+def test_cuda_calls_never_enter_python_below_the_op():
+    """The CUDA implementations are native (csrc_shims/fa4_ops.cpp): a Python profiler sees no
+    Python function of fa4 run during a forward or backward op call."""
+    import sys
+
+    assert _native._unavailable_reason is None
+    q, k, v = (torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.ops.fa4.fwd(q, k, v, 0.088, True)
+    package = os.path.dirname(fa4.__file__)
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        torch.ops.fa4.fwd(q, k, v, 0.088, True)
+        torch.ops.fa4.bwd(out, q, k, v, out, lse, None, 0.088, True, -1, -1, 0.0, False)
+    finally:
+        sys.setprofile(None)
+    assert seen == []
+
+
+def test_native_errors_keep_their_python_type():
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="window_left must be >= 0"):
+        fa4.attention(q, q, q, window=(-5, 0))
+    with pytest.raises(TypeError, match="share one dtype"):
+        fa4.attention(q, q.half(), q)
+    with pytest.raises(RuntimeError, match=r"\[fa4 ValueError\] softcap must be >= 0"):
+        torch.ops.fa4.fwd(q, q, q, 0.1, False, -1, -1, -1.0)  # the op itself: tagged RuntimeError
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -301,15 +330,25 @@ def test_split_tail_after_full_rounds_by_default():
     check(q, k, v)
 
 
+def device_words(address: int, words: int) -> list[int]:
+    """int32 words of device memory at ``address`` (a buffer the native library owns)."""
+    import ctypes
+
+    torch.cuda.synchronize()
+    host = (ctypes.c_int32 * words)()
+    assert ctypes.CDLL("libcudart.so.13").cudaMemcpy(host, ctypes.c_void_p(address), words * 4, 2) == 0
+    return list(host)
+
+
 def test_split_tail_flags_are_left_zero_and_results_repeat():
-    from fa4 import ops
     q, k, v = (torch.randn(1, 3000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     first = fa4.attention(q, k, v)
+    launch = _native.last_launch("fwd")
+    assert launch["tail_ctas"] > 0
     for _ in range(3):
         assert torch.equal(fa4.attention(q, k, v), first)
-    torch.cuda.synchronize()
-    key = (0, torch.cuda.current_stream().cuda_stream)
-    assert key in ops._split_semaphores and not ops._split_semaphores[key].any()
+        assert _native.last_launch("fwd")["semaphores"] == launch["semaphores"]  # one buffer per stream
+    assert not any(device_words(launch["semaphores"], launch["semaphore_words"]))
 
 
 def test_split_tail_on_concurrent_streams():
@@ -440,11 +479,10 @@ def test_tile_family_by_sequence_length(monkeypatch, d, sq, sk, family, causal):
     tiles from 2048 keys on, where they pad about as little, without a mask or causal; neither
     for one unpacked decoding row."""
     monkeypatch.delenv("FA4_TILES", raising=False)
-    launched = []
-    native_fwd = _native.fwd
-    monkeypatch.setattr(_native, "fwd", lambda name, *args: (launched.append(name), native_fwd(name, *args))[1])
     q = torch.randn(2, sq, 2, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    fa4.attention(q, k, v, causal=causal)
+    launched = [_native.last_launch("fwd")["name"]]
     check(q, k, v, causal=causal)
     if causal and d == 64 and 1 < sq <= 1024:  # causal: short tiles up to 1024 rows, padded or not
         family = "short"
@@ -463,3 +501,37 @@ def test_wrong_device_mix_is_rejected():
     q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="one device"):
         fa4.attention(q, q.cpu(), q)
+
+
+def test_counters_stay_zeroed_across_arena_passes():
+    """Masked launches count tiles in zeroed counters taken from a per-stream arena, zeroed again
+    when a pass over it ends (csrc_shims/fa4_ops.cpp, zeroed_counters): thousands of calls, on two
+    streams and at two sizes, all give the first call's result."""
+    q, k, v = (torch.randn(1, 300, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    first = fa4.attention(q, k, v, causal=True)
+    dout = torch.randn_like(first)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    grads = torch.autograd.grad(fa4.attention(qg, kg, vg, causal=True, deterministic=True), (qg, kg, vg), dout)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for i in range(2500):  # 2048 calls fill an arena of 64k words at 32 words per call
+        with torch.cuda.stream(side if i % 3 == 0 else torch.cuda.current_stream()):
+            outs.append(fa4.attention(q, k, v, causal=True))
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(o, first) for o in outs)
+    for _ in range(3):
+        again = torch.autograd.grad(fa4.attention(qg, kg, vg, causal=True, deterministic=True), (qg, kg, vg), dout)
+        assert all(torch.equal(a, b) for a, b in zip(again, grads))
+
+
+def test_debug_log_names_each_launch(caplog):
+    """FA4_LOG=debug (here the logger's level set directly): each eager call logs its launch."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="fa4")
+    q = torch.randn(1, 300, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 300, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    fa4.attention(q, k, v, causal=True).sum().backward()
+    assert "fa4_fwd_sm_90a_bf16_d128x128_causal" in caplog.text and "pack_gqa" in caplog.text
+    assert "fa4_bwd_sm_90a_bf16_d128x128_causal" in caplog.text and "first store" in caplog.text

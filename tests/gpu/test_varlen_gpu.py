@@ -129,8 +129,3 @@ def test_cuda_graph_with_new_offsets():
     assert torch.equal(out, fa4.attention_varlen(q, k, v, cu, cu, 600, 600, causal=True))
 
 
-def test_sequences_are_scheduled_longest_first():
-    from fa4.ops import _longest_first
-    order = _longest_first(offsets([5, 0, 300, 7, 300, 1]))
-    assert order.dtype == torch.int32 and order.tolist() == [2, 4, 3, 0, 5, 1]
-    assert _longest_first(offsets([9])).tolist() == [0]

@@ -228,3 +228,31 @@ def test_mean_visible_keys_matches_brute_force():
             seen = (j <= i + sk - sq + mask.window_right) & (j >= i + sk - sq - mask.window_left)
             exact = seen.sum().item() / sq
             assert abs(heuristics.mean_visible_keys(sq, sk, mask) - exact) < 1e-9, (sq, sk, mask)
+
+
+def test_python_constants_match_the_rules_library():
+    """fa4.heuristics names a few constants of csrc_shims/fa4_rules.c; they must agree."""
+    import ctypes
+
+    lib = heuristics.rules()
+    assert ctypes.c_int32.in_dll(lib, "fa4_rule_unbounded").value == heuristics.UNBOUNDED
+    assert ctypes.c_int32.in_dll(lib, "fa4_rule_max_first_store_blocks").value == heuristics.MAX_FIRST_STORE_BLOCKS
+    for group in range(0, 33):
+        assert bool(lib.fa4_packable_group(group)) == (group in heuristics.PACKABLE_GROUPS)
+
+
+def test_tuning_settings_are_read_per_call(monkeypatch):
+    for name in ("FA4_L2_SWIZZLE_MB", "FA4_PERSISTENT", "FA4_TILES", "FA4_SPLIT_TAIL", "FA4_BWD_STORE_FIRST",
+                 "FA4_BWD_ROTATE"):
+        monkeypatch.delenv(name, raising=False)
+    assert heuristics.tuning() == {"l2_swizzle_bytes": None, "persistent": None, "tiles": None, "split_tail": None,
+                                   "bwd_store_first": None, "bwd_rotate": None}
+    monkeypatch.setenv("FA4_L2_SWIZZLE_MB", "1.5")
+    monkeypatch.setenv("FA4_PERSISTENT", "0")
+    monkeypatch.setenv("FA4_TILES", "long")
+    monkeypatch.setenv("FA4_BWD_ROTATE", "1")
+    assert heuristics.tuning() == {"l2_swizzle_bytes": 3 << 19, "persistent": False, "tiles": "long",
+                                   "split_tail": None, "bwd_store_first": None, "bwd_rotate": True}
+    monkeypatch.setenv("FA4_TILES", "tall")
+    with pytest.raises(ValueError, match="FA4_TILES must be one of regular, short, long"):
+        heuristics.tuning()

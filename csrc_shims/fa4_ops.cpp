@@ -1,0 +1,871 @@
+// The CUDA implementations of the torch.ops.fa4 operators, on torch's stable C ABI
+// (torch/csrc/stable, built with TORCH_TARGET_VERSION = the oldest torch fa4 supports): one
+// binary for every torch from that version on and every Python. Per call: check the arguments,
+// pick the variant and the launch parameters (fa4_rules.h), allocate, launch through libfa4
+// (fa4_shim.h). Python keeps the schemas, the fake impls, autograd and the CPU reference
+// (torch_ops/ops.py); no per-call work goes back into Python.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+extern "C" {
+#include "fa4_rules.h"
+#include "fa4_shim.h"
+#include "fa4_variant_table.h"
+}
+
+namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+// Errors carry the Python exception type they stand for ("[fa4 ValueError] ..."): the public
+// functions (torch_ops/validation.py, native_error) raise that type, as the CPU path does.
+template <typename... Args>
+[[noreturn]] void raise(const char *kind, const Args &...args) {
+  std::ostringstream message;
+  message << "[fa4 " << kind << "] ";
+  ((message << args), ...);
+  throw std::runtime_error(message.str());
+}
+
+#define FA4_REQUIRE(cond, kind, ...) \
+  do {                               \
+    if (!(cond)) raise(kind, __VA_ARGS__); \
+  } while (0)
+#define FA4_CHECK(cond, ...) FA4_REQUIRE(cond, "RuntimeError", __VA_ARGS__)
+#define FA4_VALUE(cond, ...) FA4_REQUIRE(cond, "ValueError", __VA_ARGS__)
+#define FA4_TYPE(cond, ...) FA4_REQUIRE(cond, "TypeError", __VA_ARGS__)
+
+// ------------------------------------------------------------------------- host timing
+// Where an operator's host time goes, phase by phase: recorded only in a diagnostics build
+// (FA4_DIAG_HOST_TIMING=1, never a wheel; scripts/host_breakdown.py prints fa4_diag_host_phases),
+// otherwise empty inline calls the compiler drops.
+#ifdef FA4_DIAG_HOST_TIMING
+std::map<std::string, std::pair<int64_t, double>> &phase_totals() {
+  static auto *totals = new std::map<std::string, std::pair<int64_t, double>>();  // never freed
+  return *totals;
+}
+
+class Phases {
+ public:
+  explicit Phases(const char *op) : op_(op), last_(now()) {}
+  void mark(const char *phase) {
+    double t = now();
+    auto &entry = phase_totals()[std::string(op_) + " " + phase];
+    entry.first += 1;
+    entry.second += t - last_;
+    last_ = now();  // the bookkeeping above is not charged to the next phase
+  }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  const char *op_;
+  double last_;
+};
+#else
+class Phases {
+ public:
+  explicit Phases(const char *) {}
+  void mark(const char *) {}
+};
+#endif
+
+// ------------------------------------------------------------------------------ device facts
+struct DeviceFacts {
+  int cc_major = 0, cc_minor = 0, num_sms = 0;
+  int64_t l2_bytes = 0;
+};
+
+constexpr int kMaxDevices = 64;
+
+const DeviceFacts &device_facts(int device) {
+  static DeviceFacts facts[kMaxDevices];
+  static bool known[kMaxDevices];
+  FA4_CHECK(device >= 0 && device < kMaxDevices, "fa4: CUDA device index ", device, " out of range");
+  if (!known[device]) {
+    DeviceFacts f;
+    int l2 = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&f.cc_minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+    FA4_CHECK(err == cudaSuccess, "fa4: querying CUDA device ", device, " failed: ", cudaGetErrorString(err));
+    f.l2_bytes = l2;
+    facts[device] = f;
+    known[device] = true;
+  }
+  return facts[device];
+}
+
+// The current torch stream of a device. aoti_torch_get_current_cuda_stream lives in
+// libtorch_cuda.so, which a CPU build of torch lacks, so it is looked up at first use.
+using CurrentStreamFn = AOTITorchError (*)(int32_t, void **);
+
+void *current_stream(int device) {
+  static CurrentStreamFn fn = [] {
+    void *lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<CurrentStreamFn>(dlsym(lib, "aoti_torch_get_current_cuda_stream")) : nullptr;
+  }();
+  FA4_CHECK(fn != nullptr, "fa4: this torch has no CUDA support (libtorch_cuda.so is not loaded)");
+  void *stream = nullptr;
+  FA4_CHECK(fn(device, &stream) == AOTI_TORCH_SUCCESS, "fa4: reading the current CUDA stream failed");
+  return stream;
+}
+
+// Launches go to the current CUDA device: the tensors' device for the length of a call.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (now != previous_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+};
+
+// ----------------------------------------------------------------------------- allocation
+Tensor empty(std::vector<int64_t> sizes, int32_t dtype, int device) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= sizes[i] > 0 ? sizes[i] : 1;
+  }
+  AtenTensorHandle handle = nullptr;
+  FA4_CHECK(aoti_torch_empty_strided((int64_t)sizes.size(), sizes.data(), strides.data(), dtype,
+                                     aoti_torch_device_type_cuda(), device, &handle) == AOTI_TORCH_SUCCESS,
+            "fa4: allocating a CUDA tensor failed");
+  return Tensor(handle);
+}
+
+int64_t numel(const std::vector<int64_t> &sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+Tensor zeros(std::vector<int64_t> sizes, int32_t dtype, int device, size_t elem_bytes, void *stream) {
+  Tensor t = empty(sizes, dtype, device);
+  int64_t n = numel(sizes);
+  if (n > 0) {
+    cudaError_t err = cudaMemsetAsync(t.mutable_data_ptr(), 0, (size_t)n * elem_bytes, (cudaStream_t)stream);
+    FA4_CHECK(err == cudaSuccess, "fa4: cudaMemsetAsync failed: ", cudaGetErrorString(err));
+  }
+  return t;
+}
+
+std::vector<int64_t> shape_of(const Tensor &t) {
+  auto sizes = t.sizes();
+  return std::vector<int64_t>(sizes.begin(), sizes.end());
+}
+
+int32_t dtype_code(ScalarType t) {
+  switch (t) {
+    case ScalarType::BFloat16: return aoti_torch_dtype_bfloat16();
+    case ScalarType::Half: return aoti_torch_dtype_float16();
+    default: return aoti_torch_dtype_float32();
+  }
+}
+
+// An int32 vector of zeros per device for the kernel arguments a variant ignores (never written).
+const Tensor &unused_vector(int device) {
+  static std::mutex lock;
+  static auto *vectors = new std::map<int, Tensor>();  // never freed: lives until exit
+  std::lock_guard<std::mutex> guard(lock);
+  auto found = vectors->find(device);
+  if (found == vectors->end()) {
+    Tensor t = empty({2}, aoti_torch_dtype_int32(), device);
+    cudaMemset(t.mutable_data_ptr(), 0, 2 * sizeof(int32_t));
+    found = vectors->emplace(device, t).first;
+  }
+  return found->second;
+}
+
+#ifdef FA4_DIAG_STAMP_WORDS
+// Clock-stamped builds (FA4_DIAG_STAMPS, diagnostics only, never a wheel): the kernels write their
+// stamps into the partials argument of unsplit launches, this per-device buffer, which
+// scripts/stamps_report.py finds through fa4_diag_stamps.
+const Tensor &stamps_buffer(int device) {
+  static auto *buffers = new std::map<int, Tensor>();  // never freed
+  auto found = buffers->find(device);
+  if (found == buffers->end()) {
+    Tensor t = empty({FA4_DIAG_STAMP_WORDS}, aoti_torch_dtype_int32(), device);
+    cudaMemset(t.mutable_data_ptr(), 0, FA4_DIAG_STAMP_WORDS * sizeof(int32_t));
+    found = buffers->emplace(device, t).first;
+  }
+  return found->second;
+}
+#endif
+
+// ------------------------------------------------------------------------ native views
+fa4_tensor view_of(const Tensor &t, int lead_ones = 0) {
+  fa4_tensor out{};
+  out.data = t.mutable_data_ptr();
+  int64_t rank = t.dim();
+  out.rank = (int32_t)(rank + lead_ones);
+  FA4_CHECK(out.rank <= FA4_MAX_RANK, "fa4: rank ", out.rank, " too large");
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  int64_t outer = rank ? sizes[0] * strides[0] : 1;
+  for (int i = 0; i < lead_ones; i++) {
+    out.shape[i] = 1;
+    out.stride[i] = outer;
+  }
+  for (int64_t i = 0; i < rank; i++) {
+    out.shape[i + lead_ones] = sizes[i];
+    out.stride[i + lead_ones] = strides[i];
+  }
+  return out;
+}
+
+// The unused int32 vector as a rank-3 tensor (the backward's semaphore argument when no counter
+// is needed).
+fa4_tensor unused_rank3(int device) {
+  fa4_tensor out = view_of(unused_vector(device));
+  out.rank = 3;
+  out.shape[0] = out.shape[1] = 1;
+  out.shape[2] = 2;
+  out.stride[0] = out.stride[1] = 2;
+  out.stride[2] = 1;
+  return out;
+}
+
+// TMA needs a 16-byte aligned base and 16-byte multiple strides; the rare view that breaks this
+// is copied (any stride with a contiguous last dim is otherwise used in place).
+Tensor tma_ready(const Tensor &t) {
+  size_t elem = t.element_size();
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  auto strides = t.strides();
+  for (int64_t i = 0; ok && i + 1 < t.dim(); i++) ok = strides[i] > 0 && (strides[i] * (int64_t)elem) % 16 == 0;
+  if (ok) return t;
+  Tensor copy = empty(shape_of(t), dtype_code(t.scalar_type()), t.get_device_index());
+  torch::stable::copy_(copy, t);
+  return copy;
+}
+
+// ----------------------------------------------------------------------------- checks
+const char *dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Long: return "torch.int64";
+    default: return "an unsupported dtype";
+  }
+}
+
+std::string shape_text(const Tensor &t) {
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); i++) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + (t.dim() == 1 ? ",)" : ")");
+}
+
+// The rules of fa4.validation.check_qkv for CUDA tensors (rank given: 4 dense, 3 packed).
+void check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, int64_t rank) {
+  const char *names[3] = {"q", "k", "v"};
+  const Tensor *ts[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; i++)
+    FA4_VALUE(ts[i]->dim() == rank, names[i],
+              rank == 4 ? " must be 4-D (batch, seqlen, heads, head_dim); got shape "
+                        : " must be a 3-D tensor (total_tokens, heads, head_dim) for attention_varlen; got ",
+              shape_text(*ts[i]), rank == 4 ? ". For packed variable-length batches use fa4.attention_varlen." : "");
+  FA4_TYPE(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+            "q, k and v must share one dtype; got ", dtype_name(q.scalar_type()), ", ", dtype_name(k.scalar_type()),
+            ", ", dtype_name(v.scalar_type()));
+  FA4_VALUE(k.is_cuda() && v.is_cuda() && k.get_device_index() == q.get_device_index() &&
+                v.get_device_index() == q.get_device_index(),
+            "q, k and v must be on one device");
+  FA4_TYPE(q.scalar_type() == ScalarType::BFloat16 || q.scalar_type() == ScalarType::Half, "q dtype ",
+            dtype_name(q.scalar_type()), " is not supported on cuda; use one of (torch.float16, torch.bfloat16)");
+  int o = rank == 4 ? 1 : 0;  // dims: [batch], seqlen, heads, head_dim
+  if (rank == 4)
+    FA4_VALUE(q.size(0) == k.size(0) && k.size(0) == v.size(0), "batch sizes differ: q ", q.size(0), ", k ", k.size(0),
+              ", v ", v.size(0));
+  FA4_VALUE(k.size(o) == v.size(o), "k and v must have the same seqlen_k; got ", k.size(o), " and ", v.size(o));
+  FA4_VALUE(k.size(o + 1) == v.size(o + 1), "k and v must have the same number of heads; got ", k.size(o + 1),
+            " and ", v.size(o + 1));
+  FA4_VALUE(q.size(o + 2) == k.size(o + 2), "q and k head_dim differ: ", q.size(o + 2), " vs ", k.size(o + 2));
+  FA4_VALUE(q.size(o + 2) > 0 && v.size(o + 2) > 0, "head_dim must be positive");
+  FA4_VALUE(!(k.size(o + 1) == 0 && q.size(o + 1) != 0), "k and v have 0 heads but q has some");
+  FA4_VALUE(k.size(o + 1) == 0 || q.size(o + 1) % k.size(o + 1) == 0, "heads of q (", q.size(o + 1),
+            ") must be a multiple of heads of k/v (", k.size(o + 1), ") (GQA/MQA)");
+  for (int i = 0; i < 3; i++)
+    FA4_VALUE(ts[i]->numel() == 0 || ts[i]->stride(rank - 1) == 1, names[i],
+              " must be contiguous in its last dimension (stride(-1) == 1). Call .contiguous() on it first.");
+}
+
+void check_scalars(double scale, double softcap) {
+  FA4_VALUE(std::isfinite(scale), "scale must be finite; got ", scale);
+  FA4_VALUE(softcap >= 0.0, "softcap must be >= 0 (0 disables it); got ", softcap);
+}
+
+void check_pack_gqa(std::optional<bool> pack_gqa, int64_t heads_q, int64_t heads_kv) {
+  if (!pack_gqa.value_or(false)) return;
+  FA4_VALUE(fa4_packable_group(heads_q / (heads_kv > 0 ? heads_kv : 1)),
+            "pack_gqa=True needs heads_q / heads_kv in (2, 4, 8, 16); got ", heads_q, " / ", heads_kv,
+            ". Use pack_gqa=None (automatic) or False.");
+}
+
+void check_offsets(const Tensor &t, const char *name, const Tensor &q) {
+  FA4_TYPE(t.dim() == 1 && t.scalar_type() == ScalarType::Int, name, " must be a 1-D torch.int32 tensor");
+  FA4_VALUE(t.is_cuda() && t.get_device_index() == q.get_device_index(), name, " must be on q's device");
+}
+
+fa4_mask resolve_mask(bool causal, int64_t window_left, int64_t window_right) {
+  fa4_mask mask;
+  FA4_VALUE(fa4_resolve_mask(causal, window_left, window_right, &mask) == 0, fa4_rules_error());
+  return mask;
+}
+
+fa4_tuning tuning() {
+  fa4_tuning t;
+  FA4_VALUE(fa4_read_tuning(&t) == 0, fa4_rules_error());
+  return t;
+}
+
+void check_status(int32_t status, const char *what) {
+  FA4_CHECK(status == FA4_OK, "fa4 ", what, ": ", fa4_last_error());
+}
+
+// ---------------------------------------------------------------------- variant lookup
+// The variants a call can use: one per tile family (-1 where not built).
+struct Candidates {
+  int32_t family[3] = {-1, -1, -1};
+};
+
+int32_t dtype_id(ScalarType t) { return t == ScalarType::BFloat16 ? FA4_DTYPE_BF16 : FA4_DTYPE_FP16; }
+
+Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, int64_t dv, int32_t mask_kind,
+                         bool softcap, bool varlen, int32_t kind) {
+  // The last few keys this thread looked up (a scan of the table is ~1 us of a call's host time).
+  uint64_t key = ((uint64_t)(dev.cc_major * 10 + dev.cc_minor) << 48) | ((uint64_t)dtype_id(dtype) << 44) |
+                 ((uint64_t)(d & 0xfff) << 32) | ((uint64_t)(dv & 0xfff) << 20) | ((uint64_t)mask_kind << 16) |
+                 ((uint64_t)softcap << 12) | ((uint64_t)varlen << 8) | (uint64_t)(kind + 1);
+  static thread_local std::array<std::pair<uint64_t, Candidates>, 8> recent{};
+  static thread_local size_t next_slot = 0;
+  for (auto &entry : recent)
+    if (entry.first == key) return entry.second;
+  Candidates c;
+  for (int32_t i = 0; i < fa4_variant_count; i++) {
+    const fa4_variant &x = fa4_variants[i];
+    if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor && x.dtype == dtype_id(dtype) &&
+        x.head_dim == d && x.head_dim_v == dv && x.mask == mask_kind && x.softcap == (int32_t)softcap &&
+        x.varlen == (int32_t)varlen)
+      c.family[x.tiles] = i;
+  }
+  recent[next_slot++ % recent.size()] = {key, c};
+  return c;
+}
+
+std::string built_head_dims(const DeviceFacts &dev, int32_t kind) {
+  std::map<std::pair<int, int>, bool> dims;
+  for (int32_t i = 0; i < fa4_variant_count; i++) {
+    const fa4_variant &x = fa4_variants[i];
+    if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor) dims[{x.head_dim, x.head_dim_v}] = true;
+  }
+  std::string s = "[";
+  for (auto &entry : dims)
+    s += (s.size() > 1 ? ", (" : "(") + std::to_string(entry.first.first) + ", " + std::to_string(entry.first.second) + ")";
+  return s + "]";
+}
+
+const char *mask_name(int32_t kind) { return kind == FA4_MASK_NONE ? "none" : kind == FA4_MASK_CAUSAL ? "causal" : "local"; }
+
+// The error for a call no compiled variant serves: what there is, and what to use.
+[[noreturn]] void unsupported(const DeviceFacts &dev, const Tensor &q, int64_t d, int64_t dv, int32_t mask_kind,
+                              bool softcap, int32_t kind) {
+  bool backward = kind != FA4_KERNEL_FWD;
+  if (!(dev.cc_major == 9 && dev.cc_minor == 0))
+    raise("NotImplementedError", "fa4 ships CUDA kernels for Hopper (sm_90: H100/H200) only; cuda:" +
+                             std::to_string(q.get_device_index()) + " is sm_" + std::to_string(dev.cc_major) +
+                             std::to_string(dev.cc_minor) +
+                             ". Use torch.nn.functional.scaled_dot_product_attention, or CPU tensors for fa4's "
+                             "reference implementation.");
+  std::string dims = built_head_dims(dev, backward ? FA4_KERNEL_BWD : FA4_KERNEL_FWD);
+  std::string pair = "(" + std::to_string(d) + ", " + std::to_string(dv) + ")";
+  if (dims.find(pair) == std::string::npos)
+    raise("NotImplementedError",
+        std::string(backward ? "fa4 has no backward kernel for " : "") + "head_dim=" + std::to_string(d) +
+        ", head_dim_v=" + std::to_string(dv) + " is not compiled into this build of fa4 (available (head_dim, " +
+        "head_dim_v): " + dims + "). Pad the head dimension or use torch.nn.functional.scaled_dot_product_attention" +
+        (backward ? " (its cuDNN or flash backend) for training" : "") + ".");
+  raise("NotImplementedError", std::string("no compiled fa4 ") + (backward ? "backward " : "") + "kernel for dtype=" +
+                           dtype_name(q.scalar_type()) + ", mask=" + mask_name(mask_kind) +
+                           ", softcap=" + (softcap ? "True" : "False") +
+                           " on sm_90a; this build was filtered (FA4_VARIANTS) or lacks that combination. Use "
+                           "torch.nn.functional.scaled_dot_product_attention instead.");
+}
+
+// ---------------------------------------------------------------------------- forward
+// Split-tail flags per (device, stream): zero when created, and every kernel leaves them zero
+// (each merger resets the flags it consumed), so calls on one stream reuse them without a
+// memset. One buffer per stream: kernels on different streams may run at the same time.
+Tensor split_semaphores(int device, void *stream, int64_t words) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
+  if (capture != cudaStreamCaptureStatusNone)  // a cached buffer would be zeroed inside the graph: a fresh one
+    return zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
+  static std::mutex lock;
+  static auto *buffers = new std::map<std::pair<int, void *>, Tensor>();  // never freed
+  std::lock_guard<std::mutex> guard(lock);
+  auto found = buffers->find({device, stream});
+  if (found == buffers->end() || found->second.numel() < words) {
+    Tensor t = zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
+    (*buffers)[{device, stream}] = t;
+    return t;
+  }
+  return found->second;
+}
+
+// Zeroed int32 counters the kernels count in (the forward's tile counter, the backward's
+// per-query-block counters): each call takes the next `words` of a per-(device, stream) arena,
+// and when the arena runs out one memset on the stream zeroes it again, ordered after every
+// kernel that counted in it. A call then costs neither an allocation nor a memset launch of its
+// own. Under CUDA-graph capture a call gets fresh zeros instead (their memset is replayed with
+// the graph, while the arena's would not be).
+fa4_tensor zeroed_counters(int device, void *stream, std::vector<int64_t> shape, Tensor *keep) {
+  int64_t words = numel(shape);
+  words = (words + 31) / 32 * 32;  // each call's counters 128-byte aligned (the launches need 16)
+  int64_t offset = 0;
+  void *base = nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
+  if (capture != cudaStreamCaptureStatusNone) {
+    *keep = zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
+    base = keep->mutable_data_ptr();
+  } else {
+    struct Arena {
+      Tensor buffer;
+      int64_t next;
+    };
+    static std::mutex lock;
+    static auto *arenas = new std::map<std::pair<int, void *>, Arena>();  // never freed
+    std::lock_guard<std::mutex> guard(lock);
+    auto found = arenas->find({device, stream});
+    if (found == arenas->end() || found->second.next + words > found->second.buffer.numel()) {
+      // Zero it again (grown if this call would not fit even an empty one).
+      int64_t size = std::max<int64_t>(1 << 16, 2 * words);
+      bool reuse = found != arenas->end() && found->second.buffer.numel() >= words;
+      Tensor buffer = reuse ? found->second.buffer : empty({size}, aoti_torch_dtype_int32(), device);
+      size = buffer.numel();
+      cudaError_t err = cudaMemsetAsync(buffer.mutable_data_ptr(), 0, (size_t)size * 4, (cudaStream_t)stream);
+      FA4_CHECK(err == cudaSuccess, "fa4: cudaMemsetAsync failed: ", cudaGetErrorString(err));
+      (*arenas)[{device, stream}] = Arena{buffer, 0};
+      found = arenas->find({device, stream});
+    }
+    offset = found->second.next;
+    found->second.next += words;
+    *keep = found->second.buffer;
+    base = keep->mutable_data_ptr();
+  }
+  fa4_tensor out{};
+  out.data = static_cast<int32_t *>(base) + offset;
+  out.rank = (int32_t)shape.size();
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    out.shape[i] = shape[i];
+    out.stride[i] = stride;
+    stride *= shape[i];
+  }
+  return out;
+}
+
+// Packed sequences: their indices by decreasing query length (on the GPU, no host sync); the
+// kernel schedules the tiles of long sequences first so short ones fill the tail.
+Tensor longest_first(Tensor cu_seqlens_q) {
+  int64_t n = cu_seqlens_q.size(0) - 1;
+  if (n <= 1) {
+    Tensor unused = unused_vector(cu_seqlens_q.get_device_index());
+    return torch::stable::narrow(unused, 0, 0, n);
+  }
+  using torch::stable::detail::from;
+  std::array<StableIValue, 5> diff{from(cu_seqlens_q), from((int64_t)1), from((int64_t)0), from(std::nullopt),
+                                   from(std::nullopt)};
+  FA4_CHECK(torch_call_dispatcher("aten::diff", "", diff.data(), TORCH_ABI_VERSION) == AOTI_TORCH_SUCCESS,
+            "fa4: diff failed");
+  Tensor lengths = torch::stable::detail::to<Tensor>(diff[0]);  // owns the handle diff returned
+  // Each from(Tensor) is a new reference, which the dispatcher takes over.
+  std::array<StableIValue, 4> sort{from(lengths), from(true), from((int64_t)0), from(true)};
+  FA4_CHECK(torch_call_dispatcher("aten::argsort", "stable", sort.data(), TORCH_ABI_VERSION) == AOTI_TORCH_SUCCESS,
+            "fa4: argsort failed");
+  Tensor order = torch::stable::detail::to<Tensor>(sort[0]);
+  return torch::stable::to(order, ScalarType::Int);
+}
+
+struct Varlen {
+  Tensor cu_q, cu_k;
+  std::optional<Tensor> used_k;
+  int64_t max_seqlen_q, max_seqlen_k;
+};
+
+// Launch the compiled forward. q/k/v/out (batch, seqlen, heads, dim) and lse (batch, heads,
+// seqlen), or packed: (total, heads, dim) and (heads, total) with `varlen`.
+void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &lse, fa4_mask mask, double scale,
+                 double softcap, std::optional<bool> pack_gqa, const Varlen *varlen, Phases &phases) {
+  int device = q.get_device_index();
+  const DeviceFacts &dev = device_facts(device);
+  int lead = varlen ? 1 : 0;  // packed tensors run as batch 1
+  fa4_tensor nq = view_of(q, lead);
+  const int64_t b = nq.shape[0], sq = nq.shape[1], hq = nq.shape[2], d = nq.shape[3];
+  const int64_t sk = k.size(lead ? 0 : 1), hkv = k.size(lead ? 1 : 2), dv = v.size(lead ? 2 : 3);
+  if (!varlen) mask = fa4_effective_mask(mask, sq, sk);
+  fa4_tuning tune = tuning();
+  Candidates c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD);
+  if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_FWD);
+  phases.mark("select");
+  q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
+  phases.mark("tma_ready");
+  const int64_t longest_q = varlen ? varlen->max_seqlen_q : sq;
+  int32_t override = pack_gqa.has_value() ? (int32_t)*pack_gqa : FA4_AUTO;
+  int32_t index = c.family[FA4_TILES_REGULAR];
+  int32_t packed = 1;
+  FA4_VALUE(fa4_pack_gqa_factor(hq, hkv, longest_q, fa4_variants[index].tile_m, override, &packed) == 0,
+            fa4_rules_error());
+  if (c.family[FA4_TILES_SHORT] >= 0 || c.family[FA4_TILES_LONG] >= 0) {
+    auto tile_m_of = [&](int f) { return c.family[f] >= 0 ? fa4_variants[c.family[f]].tile_m : 0; };
+    int32_t tiles = fa4_tile_family(longest_q, sk, packed, fa4_variants[index].tile_m, tile_m_of(FA4_TILES_SHORT),
+                                    tile_m_of(FA4_TILES_LONG), tune.tiles, mask.kind);
+    if (tiles != FA4_TILES_REGULAR) {
+      index = c.family[tiles];
+      FA4_VALUE(fa4_pack_gqa_factor(hq, hkv, longest_q, fa4_variants[index].tile_m, override, &packed) == 0,
+                fa4_rules_error());
+    }
+  }
+  const fa4_variant &variant = fa4_variants[index];
+  const int64_t block_rows = variant.tile_m / packed;  // query rows of one head per tile
+  void *stream = current_stream(device);
+  const Tensor &unused = unused_vector(device);
+  phases.mark("plan");
+  fa4_tensor cu_q = view_of(unused), cu_k = cu_q, used_k = cu_q, order = cu_q;
+  int64_t pairs, tile_rows = 1, seqlen_k = sk;
+  Tensor order_tensor = unused;
+  if (!varlen) {
+    pairs = b * hq / packed;
+  } else {
+    int64_t num_seqs = varlen->cu_q.size(0) - 1;
+    order_tensor = longest_first(varlen->cu_q);
+    order = view_of(order_tensor);
+    cu_q = view_of(varlen->cu_q), cu_k = view_of(varlen->cu_k);
+    used_k = varlen->used_k ? view_of(*varlen->used_k) : cu_q;
+    pairs = num_seqs * hq / packed;
+    seqlen_k = std::max<int64_t>(1, sk / std::max<int64_t>(num_seqs, 1));
+    // The kernel sizes its tile range as ceil(rows / block_rows) blocks per sequence; this many
+    // rows covers any split of the packed queries without reading cu_seqlens on the host.
+    int64_t blocks = (sq + block_rows - 1) / block_rows + num_seqs;
+    tile_rows = block_rows * std::max<int64_t>(1, (blocks + num_seqs - 1) / std::max<int64_t>(num_seqs, 1));
+  }
+  int32_t group = fa4_heads_per_group(dev.l2_bytes, seqlen_k, (int32_t)d, (int32_t)dv, (int32_t)q.element_size(),
+                                      pairs, tune.l2_swizzle_bytes, mask.kind,
+                                      varlen ? 0 : (sq + block_rows - 1) / block_rows, dev.num_sms);
+  int32_t grid = fa4_grid_size(dev.num_sms, mask.kind, tune.persistent);
+  int32_t tail_ctas = 0;
+  if (variant.split_tail && grid == dev.num_sms) {
+    // Static schedule: as many tiles as the kernel counts, each seeing every K/V block.
+    int64_t num_tiles = b * (hq / packed) * ((sq + block_rows - 1) / block_rows);
+    int64_t n_blocks = (sk + variant.tile_n - 1) / variant.tile_n;
+    tail_ctas = fa4_split_tail_ctas(num_tiles, dev.num_sms, n_blocks, (int32_t)dv, tune.split_tail);
+  }
+  phases.mark("schedule");
+  Tensor semaphores = unused, partials = unused;
+  fa4_tensor ns = view_of(unused);
+#ifdef FA4_DIAG_STAMP_WORDS
+  fa4_tensor partials_view = view_of(stamps_buffer(device));
+#else
+  fa4_tensor partials_view = view_of(unused);
+#endif
+  if (tail_ctas) {
+    int64_t sem_words = 0, partial_words = 0;
+    check_status(fa4_split_workspace(index, (int32_t)dv, dev.num_sms, &sem_words, &partial_words), "forward");
+    semaphores = split_semaphores(device, stream, sem_words);
+    ns = view_of(semaphores);
+    partials = empty({partial_words}, aoti_torch_dtype_float32(), device);
+    partials_view = view_of(partials);
+  } else if (mask.kind != FA4_MASK_NONE || varlen) {  // the kernel claims tiles from a counter
+    ns = zeroed_counters(device, stream, {1}, &semaphores);
+  }
+  fa4_fwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, group, grid,
+                        (int32_t)tile_rows, varlen && varlen->used_k ? 1 : 0, packed, tail_ctas};
+  fa4_tensor nk = view_of(k, lead), nv = view_of(v, lead), no = view_of(out, lead), nl = view_of(lse, lead);
+  nq = view_of(q, lead);
+  phases.mark("workspace");
+  DeviceGuard guard(device);
+  check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &partials_view, &cu_q, &cu_k, &used_k, &order, &params,
+                       stream),
+               "forward kernel");
+  phases.mark("launch");
+}
+
+std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, double softmax_scale, bool causal, int64_t window_left,
+                               int64_t window_right, double softcap, std::optional<bool> pack_gqa, bool deterministic) {
+  (void)deterministic;  // a backward option the forward op carries for autograd
+  Phases phases("fwd");
+  check_qkv(q, k, v, 4);
+  check_scalars(softmax_scale, softcap);
+  check_pack_gqa(pack_gqa, q.size(2), k.size(2));
+  fa4_mask mask = resolve_mask(causal, window_left, window_right);
+  phases.mark("checks");
+  int device = q.get_device_index();
+  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2);
+  Tensor out = empty({b, sq, hq, v.size(3)}, dtype_code(q.scalar_type()), device);
+  Tensor lse = empty({b, hq, sq}, aoti_torch_dtype_float32(), device);
+  phases.mark("outputs");
+  if (b == 0 || sq == 0 || hq == 0) return {out, lse};
+  if (k.size(1) == 0) {  // nothing to attend to: the empty-row convention
+    torch::stable::zero_(out);
+    torch::stable::fill_(lse, -INFINITY);
+    return {out, lse};
+  }
+  run_forward(q, k, v, out, lse, mask, softmax_scale, softcap, pack_gqa, nullptr, phases);
+  return {out, lse};
+}
+
+void check_varlen(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &cu_q, const Tensor &cu_k,
+                  const std::optional<Tensor> &used_k, int64_t max_q, int64_t max_k) {
+  check_qkv(q, k, v, 3);
+  check_offsets(cu_q, "cu_seqlens_q", q);
+  check_offsets(cu_k, "cu_seqlens_k", q);
+  if (used_k) check_offsets(*used_k, "seqused_k", q);
+  FA4_VALUE(cu_q.size(0) >= 2 && cu_q.size(0) == cu_k.size(0),
+            "cu_seqlens_q and cu_seqlens_k must both hold num_sequences + 1 >= 2 offsets; got ", cu_q.size(0), " and ",
+            cu_k.size(0));
+  FA4_VALUE(!used_k || used_k->size(0) == cu_q.size(0) - 1, "seqused_k must hold one count per sequence (",
+            cu_q.size(0) - 1, "); got ", used_k ? used_k->size(0) : 0);
+  FA4_VALUE(max_q >= 0 && max_k >= 0, "max_seqlen_q and max_seqlen_k must be >= 0");
+}
+
+std::tuple<Tensor, Tensor> fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k,
+                                      std::optional<Tensor> used_k, int64_t max_q, int64_t max_k,
+                                      double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                                      double softcap, std::optional<bool> pack_gqa, bool deterministic) {
+  (void)deterministic;
+  check_varlen(q, k, v, cu_q, cu_k, used_k, max_q, max_k);
+  check_scalars(softmax_scale, softcap);
+  check_pack_gqa(pack_gqa, q.size(1), k.size(1));
+  fa4_mask mask = resolve_mask(causal, window_left, window_right);
+  int device = q.get_device_index();
+  Tensor out = empty({q.size(0), q.size(1), v.size(2)}, dtype_code(q.scalar_type()), device);
+  Tensor lse = empty({q.size(1), q.size(0)}, aoti_torch_dtype_float32(), device);
+  if (q.size(0) == 0 || q.size(1) == 0) return {out, lse};
+  if (k.size(0) == 0) {
+    torch::stable::zero_(out);
+    torch::stable::fill_(lse, -INFINITY);
+    return {out, lse};
+  }
+  Varlen varlen{cu_q, cu_k, used_k, max_q, max_k};
+  Phases phases("fwd_varlen");
+  run_forward(q, k, v, out, lse, mask, softmax_scale, softcap, pack_gqa, &varlen, phases);
+  return {out, lse};
+}
+
+// --------------------------------------------------------------------------- backward
+// The CUDA backward: two compiled kernels and a conversion.
+// preprocess  (src/fa4_kernels/sm90/bwd_preprocess.py) the row statistics the main kernel reads,
+//             in its padded layout: LSE * log2(e) (+inf where a row sees no key and in the
+//             padding, so those rows' probabilities are 0) and dPsum = rowsum(dO * O) - dLSE (the
+//             gradient through the returned LSE folds in here: d LSE / d s = p, so
+//             dS = p * (dP - dPsum + dLSE)); it also zeroes dQ's fp32 accumulator, for dense
+//             calls only the rows that see no key (fa4_bwd_store_first);
+// main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds, the first K/V
+//             block to reach a query block storing instead (dense calls), staged in the finished
+//             Q/dO stage at hd256; dK and dV written once per K/V block (GQA groups summed inside
+//             the kernel); one int32 counter per (sequence, head, query block), zero at launch,
+//             holds the first-store claims and, when deterministic, orders each query block's dQ
+//             additions by K/V block;
+// conversion  dQ to the input dtype (one torch copy).
+// No step reads a device value on the host: varlen offsets stay on the GPU; the grids cover
+// max_seqlen_q / max_seqlen_k (FlashAttention's contract: they bound every sequence). The
+// buffers' contracts: fa4_shim.h.
+std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                const Tensor &lse, std::optional<Tensor> dlse, fa4_mask mask,
+                                                double scale, double softcap, bool deterministic,
+                                                const Varlen *varlen, Phases &phases) {
+  int device = q.get_device_index();
+  const DeviceFacts &dev = device_facts(device);
+  int lead = varlen ? 1 : 0;
+  const int64_t b = varlen ? 1 : q.size(0), sq = q.size(lead ? 0 : 1), hq = q.size(lead ? 1 : 2);
+  const int64_t d = q.size(lead ? 2 : 3), sk = k.size(lead ? 0 : 1), dv = v.size(lead ? 2 : 3);
+  if (!varlen) mask = fa4_effective_mask(mask, sq, sk);  // as the forward ran
+  Candidates main_c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen, FA4_KERNEL_BWD);
+  Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, varlen, FA4_KERNEL_BWD_PRE);
+  if (main_c.family[0] < 0 || pre_c.family[0] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_BWD);
+  const fa4_variant &main_v = fa4_variants[main_c.family[0]], &pre_v = fa4_variants[pre_c.family[0]];
+  fa4_tuning tune = tuning();
+  void *stream = current_stream(device);
+  phases.mark("select");
+  q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout), out = tma_ready(out);
+  phases.mark("tma_ready");
+  // The preprocess works on (and pads the statistics in) blocks of its tile_m rows.
+  const int64_t stats_block = pre_v.tile_m, tile_n = main_v.tile_n;
+  int64_t num_m_blocks, num_n_blocks, zero_rows;
+  int32_t store_first;
+  Tensor dq_accum, dk, dv_out;
+  std::vector<int64_t> q_shape = shape_of(q), k_shape = shape_of(k), v_shape = shape_of(v);
+  int32_t f32 = aoti_torch_dtype_float32(), io = dtype_code(q.scalar_type());
+  size_t elem = q.element_size();
+  if (!varlen) {
+    num_m_blocks = (sq + stats_block - 1) / stats_block;
+    num_n_blocks = (sk + tile_n - 1) / tile_n;
+    double blocks = fa4_mean_visible_keys(sq, sk, mask) / (double)tile_n;  // per query block
+    store_first = fa4_bwd_store_first(0, num_n_blocks, blocks, tune.bwd_store_first);
+    // The preprocess zeroes dQ's accumulator (with store_first only the rows no K/V block
+    // reaches); every key row is in a visited K/V block.
+    zero_rows = store_first ? fa4_keyless_rows(sq, sk, mask) : sq;
+    dq_accum = empty(q_shape, f32, device);
+    dk = empty(k_shape, io, device);
+    dv_out = empty(v_shape, io, device);
+  } else {
+    num_m_blocks = std::max<int64_t>(1, (std::min(varlen->max_seqlen_q, sq) + stats_block - 1) / stats_block);
+    num_n_blocks = std::max<int64_t>(1, (std::min(varlen->max_seqlen_k, sk) + tile_n - 1) / tile_n);
+    // Rows outside every sequence and keys past seqused_k get no gradient: zeros.
+    store_first = 0, zero_rows = 0;
+    dq_accum = zeros(q_shape, f32, device, 4, stream);
+    dk = zeros(k_shape, io, device, elem, stream);
+    dv_out = zeros(v_shape, io, device, elem, stream);
+  }
+  phases.mark("gradients");
+  int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, tune.bwd_rotate);
+  int64_t sequences = varlen ? varlen->cu_q.size(0) - 1 : b;
+  int64_t counted_rows = varlen ? std::min(varlen->max_seqlen_q, sq) : sq;
+  Tensor semaphores = unused_vector(device);
+  fa4_tensor n_sem = unused_rank3(device);
+  if (deterministic || store_first) {
+    int64_t blocks = std::max<int64_t>(1, (counted_rows + main_v.tile_m - 1) / main_v.tile_m);
+    n_sem = zeroed_counters(device, stream, {sequences, hq, blocks}, &semaphores);
+  }
+  // LSE * log2(e) and dPsum, (b, hq, rows) each, in one allocation.
+  int64_t rows = fa4_stats_rows(sq, (int32_t)stats_block, varlen ? sequences : -1);
+  Tensor stats = empty({2, b, hq, rows}, f32, device);
+  fa4_tensor n_lse2 = view_of(stats), n_dpsum;
+  n_lse2.rank = 3;
+  for (int i = 0; i < 3; i++) n_lse2.shape[i] = n_lse2.shape[i + 1], n_lse2.stride[i] = n_lse2.stride[i + 1];
+  n_dpsum = n_lse2;
+  n_dpsum.data = static_cast<float *>(n_lse2.data) + b * hq * rows;
+  // dLSE from autograd may be any view (an expanded ones tensor for lse.sum()): rows contiguous.
+  if (dlse && !dlse->is_contiguous()) dlse = torch::stable::contiguous(*dlse);
+  const Tensor &unused = unused_vector(device);
+  fa4_tensor cu_q = view_of(unused), cu_k = cu_q, used_k = cu_q;
+  if (varlen) {
+    cu_q = view_of(varlen->cu_q), cu_k = view_of(varlen->cu_k);
+    used_k = varlen->used_k ? view_of(*varlen->used_k) : cu_q;
+  }
+  fa4_tensor n_out = view_of(out, lead), n_dout = view_of(dout, lead), n_lse = view_of(lse, lead);
+  fa4_tensor n_dlse = dlse ? view_of(*dlse, lead) : n_lse;
+  fa4_tensor n_acc = view_of(dq_accum, lead);
+  fa4_tensor n_q = view_of(q, lead), n_k = view_of(k, lead), n_v = view_of(v, lead);
+  fa4_tensor n_dk = view_of(dk, lead), n_dv = view_of(dv_out, lead);
+  fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks};
+  fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
+                        varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first};
+  phases.mark("workspace");
+  {
+    DeviceGuard guard(device);
+    check_status(fa4_bwd_preprocess(pre_c.family[0], &n_out, &n_dout, &n_lse, &n_dlse, &n_lse2, &n_dpsum, &n_acc,
+                                    &cu_q, &pre_params, stream),
+                 "backward preprocess");
+    phases.mark("launch preprocess");
+    check_status(fa4_bwd(main_c.family[0], &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
+                         &cu_k, &used_k, &n_sem, &params, stream),
+                 "backward kernel");
+  }
+  phases.mark("launch main");
+  Tensor dq = empty(q_shape, io, device);
+  // dQ in the input dtype (the C shim's copy, not the boxed dispatcher: 13.0-14.6 -> 12.4 us of host
+  // time on an H100 machine; most of it is the copy's own setup)
+  FA4_CHECK(aoti_torch_copy_(dq.get(), dq_accum.get(), 0) == AOTI_TORCH_SUCCESS, "fa4: converting dQ failed");
+  phases.mark("convert dq");
+  return {dq, dk, dv_out};
+}
+
+std::tuple<Tensor, Tensor, Tensor> zero_grads(const Tensor &q, const Tensor &k, const Tensor &v) {
+  int device = q.get_device_index();
+  void *stream = current_stream(device);
+  size_t elem = q.element_size();
+  int32_t io = dtype_code(q.scalar_type());
+  return {zeros(shape_of(q), io, device, elem, stream), zeros(shape_of(k), io, device, elem, stream),
+          zeros(shape_of(v), io, device, elem, stream)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                                       std::optional<Tensor> dlse, double softmax_scale, bool causal,
+                                       int64_t window_left, int64_t window_right, double softcap, bool deterministic) {
+  Phases phases("bwd");
+  check_qkv(q, k, v, 4);
+  check_scalars(softmax_scale, softcap);
+  fa4_mask mask = resolve_mask(causal, window_left, window_right);
+  phases.mark("checks");
+  if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(1) == 0) return zero_grads(q, k, v);
+  return run_backward(dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap, deterministic, nullptr, phases);
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                                              std::optional<Tensor> dlse, Tensor cu_q, Tensor cu_k,
+                                              std::optional<Tensor> used_k, int64_t max_q, int64_t max_k,
+                                              double softmax_scale, bool causal, int64_t window_left,
+                                              int64_t window_right, double softcap, bool deterministic) {
+  check_varlen(q, k, v, cu_q, cu_k, used_k, max_q, max_k);
+  check_scalars(softmax_scale, softcap);
+  fa4_mask mask = resolve_mask(causal, window_left, window_right);
+  if (q.size(0) == 0 || q.size(1) == 0 || k.size(0) == 0) return zero_grads(q, k, v);
+  Varlen varlen{cu_q, cu_k, used_k, max_q, max_k};
+  Phases phases("bwd_varlen");
+  return run_backward(dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap, deterministic, &varlen, phases);
+}
+
+}  // namespace
+
+#ifdef FA4_DIAG_HOST_TIMING
+// "op phase calls total_us" lines into buf (truncated to size); resets the totals.
+extern "C" __attribute__((visibility("default"))) int32_t fa4_diag_host_phases(char *buf, int64_t size) {
+  std::string text;
+  for (auto &entry : phase_totals())
+    text += entry.first + " " + std::to_string(entry.second.first) + " " + std::to_string(entry.second.second) + "\n";
+  phase_totals().clear();
+  snprintf(buf, (size_t)size, "%s", text.c_str());
+  return 0;
+}
+#endif
+
+#ifdef FA4_DIAG_STAMP_WORDS
+extern "C" __attribute__((visibility("default"))) int32_t fa4_diag_stamps(int32_t device, void **data,
+                                                                         int64_t *words) {
+  *data = stamps_buffer(device).mutable_data_ptr();
+  *words = FA4_DIAG_STAMP_WORDS;
+  return 0;
+}
+#endif
+
+// The schemas are defined in Python (torch_ops/ops.py), which loads this library after them.
+STABLE_TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
+  m.impl("fwd", TORCH_BOX(&fwd));
+  m.impl("bwd", TORCH_BOX(&bwd));
+  m.impl("fwd_varlen", TORCH_BOX(&fwd_varlen));
+  m.impl("bwd_varlen", TORCH_BOX(&bwd_varlen));
+}

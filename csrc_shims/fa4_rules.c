@@ -1,0 +1,373 @@
+/* The run-time rules (fa4_rules.h): pure functions of shapes and options, each with the
+ * measurement that justifies it. fa4.heuristics calls them through libfa4_rules.so; the native
+ * ops link them in. */
+#include "fa4_rules.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static __thread char rules_error[512];
+
+static int32_t refuse(const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(rules_error, sizeof(rules_error), fmt, args);
+  va_end(args);
+  return 1;
+}
+
+const char *fa4_rules_error(void) { return rules_error; }
+
+/* Constants the Python side names too (fa4.heuristics; test_heuristics compares them). */
+const int32_t fa4_rule_unbounded = FA4_UNBOUNDED;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ----------------------------------------------------------------------------- masks */
+int32_t fa4_resolve_mask(int32_t causal, int64_t window_left, int64_t window_right, fa4_mask *out) {
+  if (window_left < -1) return refuse("window_left must be >= 0, or -1 for unbounded; got %lld", (long long)window_left);
+  if (window_right < -1)
+    return refuse("window_right must be >= 0, or -1 for unbounded; got %lld", (long long)window_right);
+  if (causal) {
+    if (window_right != -1 && window_right != 0)
+      return refuse("causal=True already fixes window_right to 0; got window_right=%lld. Pass causal=False with "
+                    "window=(left, right) for a window reaching past the diagonal.",
+                    (long long)window_right);
+    window_right = 0;
+  }
+  if (window_left < 0 && window_right < 0) {
+    *out = (fa4_mask){FA4_MASK_NONE, FA4_UNBOUNDED, FA4_UNBOUNDED};
+  } else if (window_left < 0 && window_right == 0) {
+    *out = (fa4_mask){FA4_MASK_CAUSAL, FA4_UNBOUNDED, 0};
+  } else {
+    /* Sides beyond FA4_UNBOUNDED bound nothing in any sequence the kernels take. */
+    out->kind = FA4_MASK_LOCAL;
+    out->window_left = window_left < 0 ? FA4_UNBOUNDED : (int32_t)min64(window_left, FA4_UNBOUNDED);
+    out->window_right = window_right < 0 ? FA4_UNBOUNDED : (int32_t)min64(window_right, FA4_UNBOUNDED);
+  }
+  return 0;
+}
+
+/* Row i sees keys i + seqlen_k - seqlen_q - left .. i + seqlen_k - seqlen_q + right (bottom-right
+ * aligned), so nothing is hidden when left >= seqlen_k - 1 and right >= seqlen_q - 1. Causal
+ * decoding (one query row) is the common case: it then runs the unmasked kernel, whose static
+ * schedule can split the few long tiles of a decoding step over all SMs. */
+fa4_mask fa4_effective_mask(fa4_mask mask, int64_t seqlen_q, int64_t seqlen_k) {
+  if (mask.kind != FA4_MASK_NONE && mask.window_left >= seqlen_k - 1 && mask.window_right >= seqlen_q - 1)
+    return (fa4_mask){FA4_MASK_NONE, FA4_UNBOUNDED, FA4_UNBOUNDED};
+  return mask;
+}
+
+/* ----------------------------------------------------------------------- tile families */
+double fa4_tile_fill(int64_t rows, int64_t tile_m) {
+  rows = max64(rows, 1);
+  return (double)rows / (double)(ceil_div(rows, tile_m) * tile_m);
+}
+
+/* Where the extra tile families pay (fa4_kernels.heuristics.fwd_config has the measurements):
+ * hd64's 256-row "short" tiles up to 1024 query rows, hd128's three-warpgroup "long" tiles from
+ * 2048 keys on (H200, bf16 16k tokens, TFLOP/s, regular -> family, same run):
+ *   hd64  no mask: seqlen 197 154 -> 220, 512 403 -> 443, 577 320 -> 320, 700 408 -> 430,
+ *         768 487 -> 478, 1000 440 -> 475, 1536 552 -> 527;
+ *         causal: 197 85 -> 119, 512 270 -> 291, 700 314 -> 321, 768 345 -> 353, 1000 352 -> 366,
+ *         1024 372 -> 391, 1536 443 -> 439 (and 2048 474 -> 460-463 in another run);
+ *   hd128 no mask, both guessing the row max (seventeenth session, two rounds): seqlen 1k 662 ->
+ *         616-617, 2k 734-735 -> 744-745, 4k 778-779 -> 794-795, 8k 793 -> 836-837; 16k
+ *         723-738 -> 785-793 (other calls). The long tiles pad 3% at 2k and 4k (11 and 22 tiles
+ *         of 192 rows) and still win; at 1k they pad 11%.
+ * So, automatically and never for packed GQA (decoding: the regular tiles stream the cache well):
+ * - "short" for queries up to SHORT_SEQ_MAX rows: causal always (its warpgroups skip 64-key
+ *   diagonal blocks: +2% to +40% at every length measured up to 1024, -1% at 1536); without a
+ *   mask where the regular tiles pad and its tiles pad no more (at equal padding its tiles won:
+ *   700 rows +5%; without padding they lost: 768 -2%);
+ * - "long" for keys from LONG_SEQ_MIN_K on whose query its taller tiles fill at least
+ *   LONG_MIN_FILL as well (2048 and 4096 rows: 97%; not one decoding row: 1/192 against 1/128).
+ * An override (FA4_TILES) is taken wherever that family is built. */
+#define SHORT_SEQ_MAX 1024
+#define LONG_SEQ_MIN_K 2048
+#define LONG_MIN_FILL 0.96
+
+int32_t fa4_tile_family(int64_t seqlen_q, int64_t seqlen_k, int32_t packed, int32_t tile_m, int32_t short_tile_m,
+                        int32_t long_tile_m, int32_t override, int32_t mask_kind) {
+  if (override != FA4_AUTO) {
+    int32_t built = override == FA4_TILES_SHORT ? short_tile_m : override == FA4_TILES_LONG ? long_tile_m : 1;
+    return built ? override : FA4_TILES_REGULAR;
+  }
+  if (packed > 1) return FA4_TILES_REGULAR;
+  double fill = fa4_tile_fill(seqlen_q, tile_m);
+  if (short_tile_m && seqlen_q <= SHORT_SEQ_MAX) {
+    if (mask_kind == FA4_MASK_CAUSAL || (fill < 1.0 && fa4_tile_fill(seqlen_q, short_tile_m) >= fill))
+      return FA4_TILES_SHORT;
+  }
+  if (long_tile_m && seqlen_k >= LONG_SEQ_MIN_K && fa4_tile_fill(seqlen_q, long_tile_m) >= LONG_MIN_FILL * fill)
+    return FA4_TILES_LONG;
+  return FA4_TILES_REGULAR;
+}
+
+/* ------------------------------------------------------------------------- pack-GQA */
+int32_t fa4_packable_group(int64_t group) { return group == 2 || group == 4 || group == 8 || group == 16; }
+
+/* Each head's share of a tile is loaded in 8-row pieces. */
+static int32_t stacks(int64_t group, int32_t tile_m) { return tile_m % group == 0 && (tile_m / group) % 8 == 0; }
+
+/* Pack-GQA puts the heads_q / heads_kv query heads that share a K/V head into the rows of one
+ * tile (tile_m / factor rows of each), so a short query (decoding: 1 row) still fills the tile
+ * and K/V are read once per group. Automatic choice, as FlashAttention-3: pack when the unpacked
+ * tiles would be under 90% as full as the packed ones (short or ragged seqlen_q). Only groups of
+ * 2, 4, 8 or 16 heads are packed, and only as many as give each head a multiple of 8 rows of the
+ * tile (192-row hd64 tiles: up to 8). */
+int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t override,
+                            int32_t *factor) {
+  int64_t group = heads_q / max64(heads_kv, 1);
+  int32_t packable = fa4_packable_group(group) && heads_q == group * heads_kv;
+  int32_t stackable = packable && stacks(group, tile_m);
+  *factor = 1;
+  if (override == 1 && packable && !stackable) {
+    int64_t most = 1;
+    for (int64_t g = 2; g <= 16; g *= 2)
+      if (stacks(g, tile_m)) most = g;
+    return refuse("pack_gqa=True: this head_dim's %d-row tiles stack at most %lld heads (in 8-row pieces), not "
+                  "%lld; use pack_gqa=None or False",
+                  tile_m, (long long)most, (long long)group);
+  }
+  if (override == 0 || !stackable) return 0;
+  if (override == 1) {
+    *factor = (int32_t)group;
+    return 0;
+  }
+  seqlen_q = max64(seqlen_q, 1);
+  if (fa4_tile_fill(seqlen_q, tile_m) < 0.9 * fa4_tile_fill(seqlen_q * group, tile_m)) *factor = (int32_t)group;
+  return 0;
+}
+
+/* ------------------------------------------------------------------- tile order, grid */
+/* Bytes of K/V one swizzle group of the tile order may hold in L2.
+ * No mask (static schedule, equal tiles), measured on an H200 (60 MB L2), hd128 bf16, 16k
+ * tokens, two repeats per budget (scripts/tune_schedule.sh), TFLOP/s:
+ *   2 / 4 / 7.5 / 16 / 32 MB: 1k 553 / 550 / 525 / 485 / 516, 4k 631 / 612 / 624 / 611 / 589
+ * the CTAs of one head streaming the same K/V block together wins (an L2/24 group holds one
+ * hd128 head at 4k).
+ * Causal/local (dynamic longest-first schedule): half the L2, in a power-of-two number of pairs
+ * (fa4_heads_per_group). Measured on an H200 with groups of 16 / 32 / 64 MB of K/V (causal,
+ * bf16, 16k tokens, TFLOP/s; tenth session, docs/perf_notes.md): hd128 1k 514 / 507 / 431, 4k
+ * 694 / 695 / 666; hd256 1k 518 / 518 / 474, 4k 745 / 744 / 728; 44-48 MB groups lost 1-11%
+ * against 16-32 MB ones. */
+int64_t fa4_l2_swizzle_budget(int64_t l2_bytes, int32_t mask_kind) {
+  return mask_kind == FA4_MASK_NONE ? l2_bytes / 24 : l2_bytes / 2;
+}
+
+/* Fewest (head, batch) pairs per group for the dynamic longest-first schedule to end evenly.
+ * A causal group's tiles run from num_m_blocks K/V blocks long down to 1, and its longest tiles
+ * start when the group does; the last group's longest tiles must be short next to its work per
+ * SM, or they run on alone after the other SMs ran dry. Simulated (tests/fa4_kernels/
+ * test_tile_scheduler.py, tiles as K/V blocks plus the boundary cost): at least
+ * num_sms / (num_m_blocks + 1) pairs (half a longest tile of work per SM in the last group)
+ * keeps the busiest SM within 1.5% of the average wherever there are 16+ tiles per SM. In the
+ * benchmark shapes the L2 groups are at least this large but for hd256 at 8k and 16k (2 and 1
+ * pairs fit L2/2; 3 and 2 wanted). */
+int64_t fa4_balance_heads(int64_t num_m_blocks, int32_t num_sms) {
+  return max64(1, ceil_div(num_sms, num_m_blocks + 1));
+}
+
+static int64_t floor_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+
+static int64_t ceil_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+/* How many (head, batch) pairs one L2-swizzle group of the tile order holds (>= 1): the
+ * budget's worth of K/V; with a mask (dynamic schedule, tiles of unequal length) a power of two
+ * of them (as FlashAttention-3; groups that divide the pairs evenly balance better), and at
+ * least fa4_balance_heads rounded up to a power of two. An explicit budget (FA4_L2_SWIZZLE_MB)
+ * is taken as it is. The kernel's last group also takes the pairs left over. */
+int32_t fa4_heads_per_group(int64_t l2_bytes, int64_t seqlen_k, int32_t head_dim, int32_t head_dim_v,
+                            int32_t elem_bytes, int64_t num_heads_batches, int64_t budget_bytes, int32_t mask_kind,
+                            int64_t num_m_blocks, int32_t num_sms) {
+  int64_t kv_bytes_per_head = max64(1, seqlen_k * (head_dim + head_dim_v) * elem_bytes);
+  int64_t budget = budget_bytes < 0 ? fa4_l2_swizzle_budget(l2_bytes, mask_kind) : budget_bytes;
+  int64_t heads = max64(1, budget / kv_bytes_per_head);
+  if (budget_bytes < 0 && mask_kind != FA4_MASK_NONE) {
+    heads = floor_pow2(heads);
+    if (num_m_blocks > 0 && num_sms > 0) heads = max64(heads, ceil_pow2(fa4_balance_heads(num_m_blocks, num_sms)));
+  }
+  return (int32_t)max64(1, min64(num_heads_batches, heads));
+}
+
+/* CTAs to launch at most: num_sms makes the kernel persistent (each CTA loops over tiles; the
+ * next tile's loads overlap the current epilogue), a huge value one CTA per tile. Persistent in
+ * all cases: without a mask tiles are equal and the static order is balanced (hd128, H200: 528
+ * vs 474 TFLOP/s at 1k, 585-605 vs 550 at 4k); with causal/local masks the kernel claims tiles
+ * dynamically from a global counter, so long and short tiles balance. */
+int32_t fa4_grid_size(int32_t num_sms, int32_t mask_kind, int32_t persistent_override) {
+  (void)mask_kind;
+  return persistent_override == 0 ? 0x7fffffff : num_sms;
+}
+
+/* ------------------------------------------------------------------------- split tail */
+/* Pieces of a split tile are at least MIN_PIECE_BLOCKS K/V blocks long. */
+#define MIN_PIECE_BLOCKS 2
+
+/* K/V blocks' worth of time a piece of a split tile costs beyond its own blocks: it loads its
+ * own Q, its first Q @ K^T and last P @ V have no partner GEMM to overlap, and its partial
+ * result (tile_m x head_dim_v fp32) goes to L2 and back while the merger waits. Measured on an
+ * H200 (bf16, 16k tokens, split on vs off, same runs): with 2 blocks assumed, hd128 at 1k (8
+ * blocks a tile, 5 a piece) lost 1% and hd256 at 1k (13 a tile, 10 a piece) 1-3%, while the
+ * 4k/16k splits gained 1-3%; so 3 blocks, and 5 for the wide partials of head_dim_v > 128. */
+int32_t fa4_split_overhead_blocks(int32_t head_dim_v) { return head_dim_v <= 128 ? 3 : 5; }
+
+/* CTAs to split the static schedule's last round of tiles over (0: no split). Equal tiles on a
+ * persistent grid take ceil(num_tiles / num_sms) rounds, the last one only partly filled (hd128
+ * in the FlashAttention benchmark setup: 2048 tiles on 132 SMs leave 68 tiles for round 16,
+ * while 64 SMs idle). Cutting those tiles into pieces of K/V blocks dealt out over all SMs
+ * shortens that round from n_blocks to about tail * n_blocks / num_sms blocks plus
+ * fa4_split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile is
+ * split this way. override 0 never splits, 1 splits whenever pieces can outnumber the tiles. */
+int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
+                            int32_t override) {
+  int64_t tail = num_tiles % num_sms; /* all of them when there are fewer tiles than SMs */
+  if (override == 0 || tail == 0 || n_blocks < MIN_PIECE_BLOCKS) return 0;
+  int64_t units = tail * n_blocks;
+  int64_t ctas = min64(num_sms, units / MIN_PIECE_BLOCKS);
+  if (ctas <= tail) return 0; /* no more pieces than tiles: nothing to gain */
+  if (override == FA4_AUTO && ceil_div(units, ctas) + fa4_split_overhead_blocks(head_dim_v) >= n_blocks) return 0;
+  return (int32_t)ctas;
+}
+
+/* --------------------------------------------------------------------------- backward */
+/* sum of i + c for x <= i <= y */
+static int64_t linear_sum(int64_t x, int64_t y, int64_t c) {
+  return y >= x ? (y - x + 1) * (x + y) / 2 + c * (y - x + 1) : 0;
+}
+
+/* Keys a query row sees on average under a bottom-right aligned mask, in closed form: row i sees
+ * keys max(0, i + b) .. min(seqlen_k - 1, i + a), a = offset + right, b = offset - left; rows
+ * with i + a < 0 see none, every other row one at least. */
+double fa4_mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask) {
+  if (mask.kind == FA4_MASK_NONE || seqlen_q <= 0) return (double)seqlen_k;
+  int64_t offset = seqlen_k - seqlen_q;
+  int64_t a = offset + mask.window_right, b = offset - mask.window_left;
+  int64_t lo = max64(0, -a), hi = seqlen_q - 1;
+  if (lo > hi) return 0.0;
+  int64_t last = min64(hi, seqlen_k - 1 - a); /* rows up to here end at i + a, later ones at the last key */
+  int64_t ends = linear_sum(lo, last, a) + (seqlen_k - 1) * max64(0, hi - max64(lo, last + 1) + 1);
+  int64_t starts = linear_sum(max64(lo, -b), hi, b); /* rows from -b on start at i + b, earlier at key 0 */
+  return (double)(ends - starts + hi - lo + 1) / (double)seqlen_q;
+}
+
+/* The backward's first-store claims count in a counter's high 16 bits (sm90/bwd.py, DQ_CLAIM). */
+#define MAX_FIRST_STORE_BLOCKS (1 << 15)
+const int32_t fa4_rule_max_first_store_blocks = MAX_FIRST_STORE_BLOCKS;
+/* K/V blocks per query block (mean visible keys / tile_n) up to which the first store pays. */
+#define STORE_FIRST_MAX_BLOCKS 48
+
+/* Whether the backward's first K/V block to reach a query block stores its dQ into the fp32
+ * accumulator instead of adding to zeros (sm90/bwd.py): the preprocess then zeroes only the rows
+ * that see no key (fa4_keyless_rows), not the whole accumulator (4 bytes per dQ element: 45 us
+ * of 16k tokens of hidden 2048 on an H100). It costs each K/V block's visit to a query block a
+ * claim (an atomic issued a block ahead), so it pays where a query block has few K/V blocks.
+ * Measured (H100, bf16 16k tokens, fwd+bwd, 4 rotated rounds, on/off; K/V blocks per query
+ * block in brackets): hd128 1k +2.0% (8), causal +9.5% (4), 4k +0.7% (32), causal +2.7% (16),
+ * 16k -2.9% (128), causal -1.0% (64), a 1024-key window at 16k +3.8% (9); hd64 1k +3.4%,
+ * causal +6.0%, 4k +1.1%, causal +1.9%, 16k -2.6% (128); hd256 (64-key blocks) 1k +3.9% (16),
+ * causal +10.3% (8), 4k +0.3% (64), causal +1.0% (32), 16k -1.7% (256), causal -1.5% (128).
+ * Dense calls only (packed sequences' rows outside every sequence must be zero for the
+ * conversion that reads them). override 0 never, 1 wherever it can run. */
+int32_t fa4_bwd_store_first(int32_t varlen, int64_t num_n_blocks, double blocks_per_query_block,
+                            int32_t override) {
+  if (override == 0 || varlen || num_n_blocks >= MAX_FIRST_STORE_BLOCKS) return 0;
+  return override == 1 || blocks_per_query_block <= STORE_FIRST_MAX_BLOCKS;
+}
+
+/* Whether the backward's K/V blocks start on query blocks of their own (no mask, default mode;
+ * sm90/bwd.py): with store_first the blocks of a head would otherwise reach each query block
+ * together and wait for its first store (H100, bf16 16k tokens, fwd+bwd, store_first without ->
+ * with rotation: hd128 1k +2.1%, 4k +2.9%, 16k +2.7%; hd256 1k +4%, 4k +2.4%). On its own it
+ * measured -1.3% to +1.4% (hd128 1k -1.3%, 16k -1.8%; hd256 +1.1-1.4%), so it goes with
+ * store_first. Deterministic mode keeps the K/V-block order its turns follow. */
+int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int32_t override) {
+  if (mask_kind != FA4_MASK_NONE || deterministic) return 0;
+  return override == FA4_AUTO ? store_first : override;
+}
+
+/* Query rows, from row 0, that see no key: with the bottom-right alignment row i's last key is
+ * i + seqlen_k - seqlen_q + window_right, so the first seqlen_q - seqlen_k - window_right rows
+ * see none (none without a right bound: unmasked and local windows reaching past it). */
+int64_t fa4_keyless_rows(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask) {
+  return min64(seqlen_q, max64(0, seqlen_q - seqlen_k - mask.window_right));
+}
+
+int64_t fa4_stats_rows(int64_t total_q, int32_t block, int64_t num_seqs) {
+  int64_t blocks = ceil_div(total_q, block);
+  return (num_seqs < 0 ? blocks : blocks + num_seqs + 1) * block;
+}
+
+/* --------------------------------------------------------------------------- settings */
+extern char **environ;
+
+/* The value of FA4_<suffix> in one scan of the environment (the operators read the tuning
+ * settings on every call: one pass over environ instead of a getenv per setting). */
+typedef struct {
+  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate;
+} tuning_text;
+
+static void scan_environment(tuning_text *out) {
+  memset(out, 0, sizeof(*out));
+  static const struct {
+    const char *name;
+    size_t offset;
+  } names[] = {
+      {"L2_SWIZZLE_MB=", offsetof(tuning_text, l2_swizzle_mb)}, {"PERSISTENT=", offsetof(tuning_text, persistent)},
+      {"TILES=", offsetof(tuning_text, tiles)}, {"SPLIT_TAIL=", offsetof(tuning_text, split_tail)},
+      {"BWD_STORE_FIRST=", offsetof(tuning_text, bwd_store_first)},
+      {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)},
+  };
+  for (char **entry = environ; entry && *entry; entry++) {
+    const char *e = *entry;
+    if (e[0] != 'F' || e[1] != 'A' || e[2] != '4' || e[3] != '_') continue;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+      size_t n = strlen(names[i].name);
+      if (strncmp(e + 4, names[i].name, n) == 0) *(const char **)((char *)out + names[i].offset) = e + 4 + n;
+    }
+  }
+}
+
+static int32_t read_switch(const char *value) {
+  return (value == NULL || value[0] == '\0') ? FA4_AUTO : strcmp(value, "1") == 0;
+}
+
+int32_t fa4_read_tuning(fa4_tuning *out) {
+  tuning_text text;
+  scan_environment(&text);
+  const char *mb = text.l2_swizzle_mb;
+  out->l2_swizzle_bytes = -1;
+  if (mb != NULL && mb[0] != '\0') {
+    char *end;
+    double value = strtod(mb, &end);
+    if (*end != '\0' || value < 0) return refuse("FA4_L2_SWIZZLE_MB must be a number of MB >= 0; got '%s'", mb);
+    out->l2_swizzle_bytes = (int64_t)(value * (double)(1 << 20));
+  }
+  out->persistent = read_switch(text.persistent);
+  out->split_tail = read_switch(text.split_tail);
+  out->bwd_store_first = read_switch(text.bwd_store_first);
+  out->bwd_rotate = read_switch(text.bwd_rotate);
+  const char *tiles = text.tiles;
+  out->tiles = FA4_AUTO;
+  if (tiles != NULL && tiles[0] != '\0') {
+    static const char *families[] = {"regular", "short", "long"};
+    for (int32_t i = 0; i < 3; i++)
+      if (strcmp(tiles, families[i]) == 0) out->tiles = i;
+    if (out->tiles == FA4_AUTO) return refuse("FA4_TILES must be one of regular, short, long; got '%s'", tiles);
+  }
+  return 0;
+}
