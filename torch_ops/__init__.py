@@ -137,3 +137,9 @@ def _deterministic(requested: bool | None) -> bool:
     if requested is None:
         return torch.are_deterministic_algorithms_enabled()
     return bool(requested)
+
+
+# FlashAttention-2's API (fa4.flash_attn_interface has FlashAttention-3's).
+from fa4.compat import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+__all__ += ["flash_attn_func", "flash_attn_varlen_func"]

@@ -1,0 +1,91 @@
+"""FlashAttention's Python API on fa4's kernels: existing code switches by changing the import.
+
+    from fa4 import flash_attn_func, flash_attn_varlen_func          # was: from flash_attn import ...
+    from fa4.flash_attn_interface import flash_attn_func             # was: from flash_attn_interface import ...
+
+``flash_attn_func`` / ``flash_attn_varlen_func`` here take FlashAttention-2's arguments, positions
+and defaults and return what it returns: ``out``, or ``(out, softmax_lse, None)`` with
+``return_attn_probs=True`` (the third value, the dropout-encoded probabilities, exists only with
+dropout, which fa4 does not have). ``fa4.flash_attn_interface`` has FlashAttention-3's (Hopper)
+signatures: ``out``, or ``(out, softmax_lse)``. Both run ``fa4.attention`` /
+``fa4.attention_varlen``; an argument fa4 cannot honour raises NotImplementedError naming what to
+use instead, never a silently different result.
+"""
+from __future__ import annotations
+
+import torch
+
+import fa4
+
+
+def _refuse(name: str, instead: str) -> NotImplementedError:
+    return NotImplementedError(f"fa4 does not support {name}; {instead}")
+
+
+def check_unsupported(*, dropout_p=0.0, alibi_slopes=None, block_table=None, qv=None, q_descale=None,
+                      k_descale=None, v_descale=None, attention_chunk=0, sm_margin=0, seqused_q=None) -> None:
+    """Arguments of FlashAttention 2/3 fa4 has no kernel for: each refused with the alternative."""
+    if dropout_p:
+        raise _refuse(f"attention dropout (dropout_p={dropout_p})", "use flash_attn, or "
+                      "torch.nn.functional.scaled_dot_product_attention with dropout_p, for training with dropout")
+    if alibi_slopes is not None:
+        raise _refuse("ALiBi (alibi_slopes)", "use flash_attn, or scaled_dot_product_attention with an additive "
+                      "attn_mask holding the ALiBi bias")
+    if block_table is not None:
+        raise _refuse("a paged KV cache (block_table)", "use flash_attn's paged attention or vLLM's")
+    if qv is not None or q_descale is not None or k_descale is not None or v_descale is not None:
+        raise _refuse("qv or FP8 descaling (q_descale/k_descale/v_descale)",
+                      "use FlashAttention-3 (flash_attn_interface) for FP8 attention")
+    if attention_chunk:
+        raise _refuse(f"chunked attention (attention_chunk={attention_chunk})",
+                      "use FlashAttention-3, or fa4 with a block mask when fa4.flex_attention lands")
+    if sm_margin:
+        raise _refuse(f"sm_margin={sm_margin} (fa4's persistent kernels use every SM)",
+                      "leave sm_margin at 0, or use FlashAttention-3 to keep SMs free for overlapped work")
+    if seqused_q is not None:
+        raise _refuse("seqused_q", "pass the used query rows in cu_seqlens_q instead")
+
+
+def run_dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, pack_gqa=None):
+    """(out, lse) of fa4.attention with FlashAttention's argument conventions."""
+    left, right = window_size
+    return fa4.attention(q, k, v, causal=causal, scale=softmax_scale, window=(int(left), int(right)),
+                         softcap=float(softcap), return_lse=True, pack_gqa=pack_gqa, deterministic=deterministic)
+
+
+def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
+               softcap, deterministic, seqused_k=None, pack_gqa=None):
+    """(out, lse) of fa4.attention_varlen with FlashAttention's argument conventions (max_seqlen_*
+    may come as 0-d tensors from some callers: read once here, as FlashAttention does)."""
+    left, right = window_size
+    if isinstance(max_seqlen_q, torch.Tensor):
+        max_seqlen_q = int(max_seqlen_q)
+    if isinstance(max_seqlen_k, torch.Tensor):
+        max_seqlen_k = int(max_seqlen_k)
+    return fa4.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                seqused_k=seqused_k, causal=causal, scale=softmax_scale,
+                                window=(int(left), int(right)), softcap=float(softcap), return_lse=True,
+                                pack_gqa=pack_gqa, deterministic=deterministic)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """FlashAttention-2's ``flash_attn_func``: q (batch, seqlen_q, heads_q, head_dim), k/v
+    (batch, seqlen_k, heads_kv, head_dim), GQA/MQA by fewer K/V heads, causal and window_size
+    aligned to the bottom-right corner. Returns ``out``, or ``(out, softmax_lse, None)`` with
+    ``return_attn_probs`` (softmax_lse (batch, heads_q, seqlen_q) fp32)."""
+    check_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+    out, lse = run_dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """FlashAttention-2's ``flash_attn_varlen_func``: packed (total_tokens, heads, head_dim)
+    sequences delimited by int32 ``cu_seqlens``. Returns ``out``, or ``(out, softmax_lse, None)``
+    with ``return_attn_probs`` (softmax_lse (heads_q, total_q) fp32)."""
+    check_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes, block_table=block_table)
+    out, lse = run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          window_size, softcap, deterministic)
+    return (out, lse, None) if return_attn_probs else out
