@@ -389,15 +389,19 @@ std::string built_head_dims(const DeviceFacts &dev, int32_t kind) {
   std::map<std::pair<int, int>, bool> dims;
   for (int32_t i = 0; i < fa4_variant_count; i++) {
     const fa4_variant &x = fa4_variants[i];
-    if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor) dims[{x.head_dim, x.head_dim_v}] = true;
+    if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor)
+      dims[{x.head_dim, x.head_dim_v}] = true;
   }
   std::string s = "[";
   for (auto &entry : dims)
-    s += (s.size() > 1 ? ", (" : "(") + std::to_string(entry.first.first) + ", " + std::to_string(entry.first.second) + ")";
+    s += (s.size() > 1 ? ", (" : "(") + std::to_string(entry.first.first) + ", " +
+         std::to_string(entry.first.second) + ")";
   return s + "]";
 }
 
-const char *mask_name(int32_t kind) { return kind == FA4_MASK_NONE ? "none" : kind == FA4_MASK_CAUSAL ? "causal" : "local"; }
+const char *mask_name(int32_t kind) {
+  return kind == FA4_MASK_NONE ? "none" : kind == FA4_MASK_CAUSAL ? "causal" : "local";
+}
 
 // The error for a call no compiled variant serves: what there is, and what to use.
 [[noreturn]] void unsupported(const DeviceFacts &dev, const Tensor &q, int64_t d, int64_t dv, int32_t mask_kind,
@@ -538,19 +542,23 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   const int64_t sk = k.size(lead ? 0 : 1), hkv = k.size(lead ? 1 : 2), dv = v.size(lead ? 2 : 3);
   if (!varlen) mask = fa4_effective_mask(mask, sq, sk);
   fa4_tuning tune = tuning();
-  Candidates c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD);
+  Candidates c =
+      find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD);
   if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_FWD);
   phases.mark("select");
   q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
   phases.mark("tma_ready");
   const int64_t longest_q = varlen ? varlen->max_seqlen_q : sq;
   int32_t override = pack_gqa.has_value() ? (int32_t)*pack_gqa : FA4_AUTO;
+  auto tile_m_of = [&](int f) { return c.family[f] >= 0 ? fa4_variants[c.family[f]].tile_m : 0; };
   int32_t index = c.family[FA4_TILES_REGULAR];
+  if (override == 1)  // forced packing: the family whose tiles stack the group
+    index = c.family[fa4_packing_family(hq, hkv, tile_m_of(FA4_TILES_REGULAR), tile_m_of(FA4_TILES_SHORT),
+                                        tile_m_of(FA4_TILES_LONG))];
   int32_t packed = 1;
   FA4_VALUE(fa4_pack_gqa_factor(hq, hkv, longest_q, fa4_variants[index].tile_m, override, &packed) == 0,
             fa4_rules_error());
-  if (c.family[FA4_TILES_SHORT] >= 0 || c.family[FA4_TILES_LONG] >= 0) {
-    auto tile_m_of = [&](int f) { return c.family[f] >= 0 ? fa4_variants[c.family[f]].tile_m : 0; };
+  if (index == c.family[FA4_TILES_REGULAR] && (c.family[FA4_TILES_SHORT] >= 0 || c.family[FA4_TILES_LONG] >= 0)) {
     int32_t tiles = fa4_tile_family(longest_q, sk, packed, fa4_variants[index].tile_m, tile_m_of(FA4_TILES_SHORT),
                                     tile_m_of(FA4_TILES_LONG), tune.tiles, mask.kind);
     if (tiles != FA4_TILES_REGULAR) {
@@ -840,6 +848,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen(Tensor dout, Tensor q, Tensor k, T
 }
 
 }  // namespace
+
+// The oldest torch whose stable ABI this library was built for (TORCH_TARGET_VERSION: major and
+// minor in the top two bytes); fa4.info reports it.
+extern "C" __attribute__((visibility("default"))) uint64_t fa4_torch_target_version(void) {
+  return TORCH_TARGET_VERSION;
+}
 
 #ifdef FA4_DIAG_HOST_TIMING
 // "op phase calls total_us" lines into buf (truncated to size); resets the totals.

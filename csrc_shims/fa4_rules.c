@@ -30,7 +30,8 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ----------------------------------------------------------------------------- masks */
 int32_t fa4_resolve_mask(int32_t causal, int64_t window_left, int64_t window_right, fa4_mask *out) {
-  if (window_left < -1) return refuse("window_left must be >= 0, or -1 for unbounded; got %lld", (long long)window_left);
+  if (window_left < -1)
+    return refuse("window_left must be >= 0, or -1 for unbounded; got %lld", (long long)window_left);
   if (window_right < -1)
     return refuse("window_right must be >= 0, or -1 for unbounded; got %lld", (long long)window_right);
   if (causal) {
@@ -143,6 +144,19 @@ int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,
   seqlen_q = max64(seqlen_q, 1);
   if (fa4_tile_fill(seqlen_q, tile_m) < 0.9 * fa4_tile_fill(seqlen_q * group, tile_m)) *factor = (int32_t)group;
   return 0;
+}
+
+/* The tile family a forced pack_gqa=True runs in: the regular tiles where they stack the
+ * group, else a built family whose taller tiles do (hd64's 192-row tiles stack at most 8 heads
+ * in 8-row pieces, its 256-row "short" tiles 16), else the regular ones (whose refusal, from
+ * fa4_pack_gqa_factor, then names the rule). Tile sizes as in fa4_tile_family (0: not built). */
+int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int32_t tile_m, int32_t short_tile_m,
+                           int32_t long_tile_m) {
+  int64_t group = heads_q / max64(heads_kv, 1);
+  if (!fa4_packable_group(group) || stacks(group, tile_m)) return FA4_TILES_REGULAR;
+  if (short_tile_m && stacks(group, short_tile_m)) return FA4_TILES_SHORT;
+  if (long_tile_m && stacks(group, long_tile_m)) return FA4_TILES_LONG;
+  return FA4_TILES_REGULAR;
 }
 
 /* ------------------------------------------------------------------- tile order, grid */

@@ -27,7 +27,7 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = None,
     return_lse: bool = False,
     pack_gqa: bool | None = None,
     deterministic: bool | None = None,
@@ -44,13 +44,19 @@ def attention(
         scale: score scale, default 1/sqrt(head_dim).
         window: (left, right) sliding window around that same diagonal; -1 leaves a side
             unbounded. causal=True is window (-1, 0).
-        softcap: if > 0, scores become softcap * tanh(scores / softcap) (Gemma-2 style).
+        softcap: if > 0, scores become softcap * tanh(scores / softcap) (Gemma-2 style); None or 0
+            disables it. (None is the default rather than 0.0: torch.compile(dynamic=True) would
+            treat a float default as a symbolic input and compile the frame twice.)
         return_lse: also return the log-sum-exp of the scaled scores, (batch, heads_q, seqlen_q)
             fp32. Rows that see no key give output 0 and LSE -inf.
         pack_gqa: with GQA/MQA, stack the query heads that share a K/V head in one kernel tile
             (their rows fill it even when seqlen_q is short, e.g. decoding, and K/V are read
             once per group). None: decided per call (``fa4.heuristics.pack_gqa_factor``);
-            True needs heads_q / heads_kv in (2, 4, 8, 16). Same results either way.
+            True needs heads_q / heads_kv in (2, 4, 8, 16) with each head's share of a tile a
+            multiple of 8 rows: every head dim stacks up to 8 heads, and 16 where its tiles have
+            128 rows or more (hd64, 192-row tiles: 16 only dense without a mask or causal, in
+            its 256-row tiles; with a window or packed sequences it raises). Same results
+            either way.
         deterministic: make the backward bitwise reproducible (dQ's additions from the K/V
             blocks happen in a fixed order; dK and dV always are). None: on when
             ``torch.use_deterministic_algorithms(True)`` is in effect.
@@ -61,12 +67,13 @@ def attention(
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if scale is None:
-        scale = default_scale(q.shape[-1])
+        scale = default_scale(int(q.shape[-1]))  # head_dim is static (it picks the kernel): a constant scale
     window_left, window_right = window
+    softcap = 0.0 if softcap is None else float(softcap)
     try:
         out, lse = ops.call(
             _FWD, ops._setup_context, ops._backward,
-            q, k, v, float(scale), causal, int(window_left), int(window_right), float(softcap), pack_gqa,
+            q, k, v, float(scale), causal, int(window_left), int(window_right), softcap, pack_gqa,
             _deterministic(deterministic),
         )
     except RuntimeError as error:
@@ -89,7 +96,7 @@ def attention_varlen(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = None,
     return_lse: bool = False,
     pack_gqa: bool | None = None,
     deterministic: bool | None = None,
@@ -117,13 +124,14 @@ def attention_varlen(
             raise ValueError(f"{name} must be a Python int (not a tensor: that would make the compiled "
                              f"graph depend on a device value); got {type(value).__name__}")
     if scale is None:
-        scale = default_scale(q.shape[-1])
+        scale = default_scale(int(q.shape[-1]))  # head_dim is static (it picks the kernel): a constant scale
     window_left, window_right = window
+    softcap = 0.0 if softcap is None else float(softcap)
     try:
         out, lse = ops.call(
             _FWD_VARLEN, ops_varlen._setup_context, ops_varlen._backward,
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
-            int(window_left), int(window_right), float(softcap), pack_gqa, _deterministic(deterministic),
+            int(window_left), int(window_right), softcap, pack_gqa, _deterministic(deterministic),
         )
     except RuntimeError as error:
         raise native_error(error) from None

@@ -53,6 +53,7 @@ def rules() -> ctypes.CDLL:
         "fa4_tile_family": (i32, [i64, i64, i32, i32, i32, i32, i32, i32]),
         "fa4_pack_gqa_factor": (i32, [i64, i64, i64, i32, i32, ctypes.POINTER(i32)]),
         "fa4_packable_group": (i32, [i64]),
+        "fa4_packing_family": (i32, [i64, i64, i32, i32, i32]),
         "fa4_l2_swizzle_budget": (i64, [i64, i32]),
         "fa4_balance_heads": (i64, [i64, i32]),
         "fa4_heads_per_group": (i32, [i64, i64, i32, i32, i32, i64, i64, i32, i64, i32]),
@@ -231,6 +232,12 @@ def split_tail_ctas(num_tiles: int, num_sms: int, n_blocks: int, head_dim_v: int
     """CTAs to split the static schedule's last round of tiles over (0: no split); ``override``
     False never splits, True splits whenever pieces can outnumber the tiles."""
     return rules().fa4_split_tail_ctas(num_tiles, num_sms, n_blocks, head_dim_v, _tri(override))
+
+
+def packing_family(heads_q: int, heads_kv: int, tile_m: int, built: dict[str, int]) -> str:
+    """The tile family a forced pack_gqa=True runs in (``built``: the extra families' tile_m)."""
+    return TILE_FAMILIES[rules().fa4_packing_family(heads_q, heads_kv, tile_m, built.get("short", 0),
+                                                    built.get("long", 0))]
 
 
 def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, override: bool | None = None) -> int:

@@ -171,6 +171,21 @@ def test_pack_gqa_head_dims(dims, causal):
     check(q, k, v, causal=causal, pack_gqa=True)
 
 
+@pytest.mark.parametrize("sq, sk", [(1, 1000), (17, 129), (700, 700)])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"softcap": 10.0}])
+def test_pack_gqa_16_heads_at_hd64(sq, sk, kw):
+    """hd64's 192-row tiles cannot stack 16 heads in 8-row pieces; a forced pack_gqa=True runs its
+    256-row tiles instead (dense, no mask or causal), and says so where it cannot (a window)."""
+    q = torch.randn(2, sq, 32, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check(q, k, v, pack_gqa=True, **kw)
+    fa4.attention(q, k, v, pack_gqa=True, **kw)
+    launch = _native.last_launch("fwd")
+    assert launch["pack_gqa"] == 16 and launch["name"].endswith("_shortseq"), launch
+    with pytest.raises(ValueError, match="192-row tiles stack at most 8 heads"):
+        fa4.attention(q, k, v, pack_gqa=True, window=(30, 0))
+
+
 def test_pack_gqa_is_chosen_for_decoding():
     from fa4.heuristics import pack_gqa_factor
     assert pack_gqa_factor(32, 8, 1, 128) == 4
@@ -535,3 +550,20 @@ def test_debug_log_names_each_launch(caplog):
     fa4.attention(q, k, v, causal=True).sum().backward()
     assert "fa4_fwd_sm_90a_bf16_d128x128_causal" in caplog.text and "pack_gqa" in caplog.text
     assert "fa4_bwd_sm_90a_bf16_d128x128_causal" in caplog.text and "first store" in caplog.text
+
+
+def test_compile_dynamic_serves_every_length_with_one_graph():
+    """torch.compile(dynamic=True) over fa4.attention: one compile for lengths 100 to 1500, forward
+    and backward (no guard on the sequence length)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    fn = torch.compile(lambda q, k, v: fa4.attention(q, k, v, causal=True), dynamic=True, backend=counter)
+    for s in (100, 300, 777, 1500):
+        q, k, v = (torch.randn(2, s, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = fn(q, k, v)
+        out.sum().backward()
+        assert torch.equal(out, fa4.attention(q, k, v, causal=True))
+    assert counter.frame_count == 1

@@ -256,3 +256,14 @@ def test_tuning_settings_are_read_per_call(monkeypatch):
     monkeypatch.setenv("FA4_TILES", "tall")
     with pytest.raises(ValueError, match="FA4_TILES must be one of regular, short, long"):
         heuristics.tuning()
+
+
+@pytest.mark.parametrize("group, tile_m, built, family", [
+    (8, 192, {"short": 256}, "regular"),   # 24 rows each: the regular tiles stack it
+    (16, 192, {"short": 256}, "short"),    # 12 rows each do not; 256-row tiles give 16
+    (16, 192, {}, "regular"),              # no taller tiles built (local, varlen): refused later
+    (16, 128, {"long": 192}, "regular"),   # 8 rows each
+    (3, 192, {"short": 256}, "regular"),   # not packable at all
+])
+def test_packing_family_for_forced_pack_gqa(group, tile_m, built, family):
+    assert heuristics.packing_family(group * 2, 2, tile_m, built) == family

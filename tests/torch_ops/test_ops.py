@@ -127,12 +127,16 @@ def test_compile_fullgraph_no_graph_break(backend):
 
 
 def test_compile_dynamic_shapes_single_graph():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
     torch._dynamo.reset()
     block = Block()
-    compiled = torch.compile(block, fullgraph=True, dynamic=True, backend="aot_eager")
-    for s in (8, 13, 21):
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(block, fullgraph=True, dynamic=True, backend=counter)
+    for s in (8, 13, 21, 100, 300, 777):
         x = torch.randn(1, s, 64)
         assert torch.allclose(compiled(x), block(x), atol=1e-5)
+    assert counter.frame_count == 1  # one graph serves every length: nothing specialises on it
 
 
 def test_runs_without_the_dsl_installed():
