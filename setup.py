@@ -1,6 +1,6 @@
 """Build: the usual setuptools packaging plus the AOT kernel build (fa4_kernels.aot).
 
-Package map: ``torch_ops/`` is the runtime package ``fa4``; ``src/fa4_kernels`` holds the CuTe DSL
+Package map: ``torch_ops/fa4/`` is the runtime package ``fa4``; ``src/fa4_kernels`` holds the CuTe DSL
 kernels and the build driver (shipped as sources for JIT use, never imported at run time).
 The native library and its variant manifest land in ``fa4/_native/``.
 """
@@ -32,7 +32,7 @@ class BuildWithKernels(build_py):
         super().run()
         kernels = os.environ.get("FA4_SKIP_AOT") != "1"
         if getattr(self, "editable_mode", False):
-            run_aot_build(ROOT / "torch_ops" / "_native", kernels)
+            run_aot_build(ROOT / "torch_ops" / "fa4" / "_native", kernels)
         else:
             run_aot_build(Path(self.build_lib) / "fa4" / "_native", kernels)
 
@@ -51,7 +51,7 @@ class PlatformWheel(bdist_wheel):
 
 setup(
     packages=["fa4", "fa4_kernels", "fa4_kernels.sm90"],
-    package_dir={"fa4": "torch_ops", "fa4_kernels": "src/fa4_kernels"},
+    package_dir={"fa4": "torch_ops/fa4", "fa4_kernels": "src/fa4_kernels"},
     package_data={"fa4": ["_native/*.so", "_native/*.json"]},
     cmdclass={"build_py": BuildWithKernels, "bdist_wheel": PlatformWheel},
 )

@@ -9,13 +9,13 @@ versions=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do versions+=("$1"); shift;
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 round=${FA4_AB_ROUND:-1}
 for v in "${versions[@]}"; do
-  rm -rf torch_ops/_native && mkdir -p torch_ops/_native && cp build/ab/$v/* torch_ops/_native/
+  rm -rf torch_ops/fa4/_native && mkdir -p torch_ops/fa4/_native && cp build/ab/$v/* torch_ops/fa4/_native/
   echo "=== $v (round $round)" | tee -a "$OUT/ab.log"
   if [ $round = 1 ]; then
   python3 - <<'PY' 2>&1 | tee -a "$OUT/ab.log"
 import json, torch, fa4
 from torch.nn.functional import scaled_dot_product_attention as sdpa
-man = json.load(open("torch_ops/_native/variants.json"))["variants"]
+man = json.load(open("torch_ops/fa4/_native/variants.json"))["variants"]
 torch.manual_seed(0)
 worst = 0.0
 for v in man:

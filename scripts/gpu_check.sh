@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test suite and the benchmark, from carried build outputs.
-#   run (device tool) with carry ["torch_ops/_native"]:  bash scripts/gpu_check.sh
+#   run (device tool) with carry ["torch_ops/fa4/_native"]:  bash scripts/gpu_check.sh
 # With build/peers/fa3/libfa3_peer.so carried too (peers/fa3/build.sh), tests/peers checks
 # FlashAttention-3 and the benchmark times it beside fa4 (--fa3-lib).
 # Needs no DSL and no compiler on the GPU machine: fa4 is put on PYTHONPATH as a link.

@@ -5,7 +5,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 seqlen=$1 hd=$2 mask=$3; shift 3
 for v in "$@"; do
-  rm -rf torch_ops/_native && mkdir -p torch_ops/_native && cp build/ab/$v/* torch_ops/_native/
+  rm -rf torch_ops/fa4/_native && mkdir -p torch_ops/fa4/_native && cp build/ab/$v/* torch_ops/fa4/_native/
   rep="$OUT/${v}_${seqlen}_${hd}_${mask}"
   FA4_NCU_SASS=1 profile_with_ncu "$rep" regex:kernel_cutlass \
       "--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SourceCounters

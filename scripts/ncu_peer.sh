@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute counters of fa4, cuDNN (SDPA) and, when build/peers/fa3/libfa3_peer.so is there,
 # FlashAttention-3 on the same configuration, one kernel each.
-#   bash scripts/ncu_peer.sh SEQLEN HEAD_DIM {none,causal}   (needs torch_ops/_native)
+#   bash scripts/ncu_peer.sh SEQLEN HEAD_DIM {none,causal}   (needs torch_ops/fa4/_native)
 # Prints duration, SM clock, tensor-pipe and issue utilisation, occupancy, and the spread of SM
 # busy cycles (min / avg / max: a low min or avg next to max is load imbalance across SMs);
 # full details under $OUT.

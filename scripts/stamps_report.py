@@ -1,6 +1,6 @@
 """Where a consumer warpgroup's cycles go, from a stamped build (FA4_DIAG_STAMPS=1, stamps.py).
 
-Run on the GPU machine with a stamped libfa4.so in torch_ops/_native (dense, no-mask variant):
+Run on the GPU machine with a stamped libfa4.so in torch_ops/fa4/_native (dense, no-mask variant):
     python scripts/stamps_report.py --head-dim 128 --seqlens 1024 4096
 Prints, per sequence length, the median cycles of each segment of a K/V step for each consumer
 warpgroup of CTA 0 (and the step period next to the tensor-bound period the GEMMs alone would

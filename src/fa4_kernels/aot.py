@@ -1,6 +1,6 @@
 """Ahead-of-time build: variant catalog -> cute.compile on fake tensors -> export_to_c -> libfa4.
 
-    python -m fa4_kernels.aot --out build/aot --lib torch_ops/_native [--jobs N] [--filter FRAG,..]
+    python -m fa4_kernels.aot --out build/aot --lib torch_ops/fa4/_native [--jobs N] [--filter FRAG,..]
 
 Each variant compiles in its own process (CUTE_DSL_ARCH is read once per process, and the
 compiles run in parallel). Objects are cached under ``--out`` by a content hash of the kernel
@@ -520,7 +520,7 @@ def build(out_root: Path, lib_dir: Path, archs=None, pattern=None, jobs=None) ->
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "aot")
-    parser.add_argument("--lib", type=Path, default=REPO_ROOT / "torch_ops" / "_native")
+    parser.add_argument("--lib", type=Path, default=REPO_ROOT / "torch_ops" / "fa4" / "_native")
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--filter", default=None, help="comma-separated name fragments (default $FA4_VARIANTS)")
     parser.add_argument("--compile-one", help=argparse.SUPPRESS)

@@ -12,7 +12,7 @@ import pytest
 from fa4_kernels import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
-NATIVE = ROOT / "torch_ops" / "_native"
+NATIVE = ROOT / "torch_ops" / "fa4" / "_native"
 built = pytest.mark.skipif(not (NATIVE / "libfa4.so").exists(), reason="native library not built")
 
 
