@@ -27,6 +27,7 @@
 
 extern "C" {
 #include "fa4_rules.h"
+#include "fa4_schemas.h"
 #include "fa4_shim.h"
 #include "fa4_variant_table.h"
 }
@@ -876,7 +877,12 @@ extern "C" __attribute__((visibility("default"))) int32_t fa4_diag_stamps(int32_
 }
 #endif
 
-// The schemas are defined in Python (torch_ops/ops.py), which loads this library after them.
+// The operators (fa4_schemas.c): loading this library defines them, so a process without Python
+// (an AOTInductor model) has them too; fa4 (Python) adds the fake, CPU and autograd kernels.
+STABLE_TORCH_LIBRARY(fa4, m) {
+  for (int32_t i = 0; i < fa4_schema_count(); i++) m.def(fa4_schema(i));
+}
+
 STABLE_TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&fwd));
   m.impl("bwd", TORCH_BOX(&bwd));

@@ -412,7 +412,7 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
         "-Wl,-z,defs", "-Wl,--exclude-libs,ALL", "-I", str(inc), "-I", str(SHIM_DIR),
         *[f"-I{d}" for d in header_dirs],
         str(SHIM_DIR / "fa4_shim.c"), str(SHIM_DIR / "cuda_forwards.c"), str(SHIM_DIR / "fa4_rules.c"),
-        str(table_c), *objects,
+        str(SHIM_DIR / "fa4_schemas.c"), str(table_c), *objects,
         "-L", str(cudart_dir), f"-l:{cudart}", "-lpthread", "-o", str(tmp_out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -436,12 +436,14 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
 
 
 def build_rules(lib_dir: Path) -> Path:
-    """libfa4_rules.so: the run-time rules alone (csrc_shims/fa4_rules.c; plain C, no CUDA), which
-    fa4.heuristics loads on every machine, CPU-only ones and kernel-less builds included."""
+    """libfa4_rules.so: the run-time rules and the operators' schemas (csrc_shims/fa4_rules.c,
+    fa4_schemas.c; plain C, no CUDA), which fa4 loads on every machine, CPU-only ones and
+    kernel-less builds included."""
     lib_dir.mkdir(parents=True, exist_ok=True)
     tmp_out = lib_dir / f".{RULES_LIB_NAME}.tmp"
     cmd = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-std=gnu11", "-Wall", "-Wl,-z,defs",
-           "-I", str(SHIM_DIR), str(SHIM_DIR / "fa4_rules.c"), "-o", str(tmp_out)]
+           "-I", str(SHIM_DIR), str(SHIM_DIR / "fa4_rules.c"), str(SHIM_DIR / "fa4_schemas.c"),
+           "-o", str(tmp_out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"compiling {RULES_LIB_NAME} failed:\n{' '.join(cmd)}\n{proc.stderr}")

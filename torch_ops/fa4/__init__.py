@@ -11,7 +11,6 @@ from fa4 import _native, log, ops, ops_varlen  # noqa: F401  (define torch.ops.f
 from fa4.reference import default_scale
 from fa4.validation import native_error
 
-_native.load_operators()  # their CUDA implementations
 log.configure()
 _FWD, _FWD_VARLEN = torch.ops.fa4.fwd.default, torch.ops.fa4.fwd_varlen.default  # resolved once: per-call cost
 

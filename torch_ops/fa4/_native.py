@@ -93,21 +93,24 @@ def available() -> bool:
 
 
 # Why the CUDA implementations are not registered (None once they are).
-_unavailable_reason: str | None = "fa4._native.load_operators() has not run"
+_unavailable_reason: str | None = "fa4._native.define_operators() has not run"
 
 OPERATORS = ("fwd", "bwd", "fwd_varlen", "bwd_varlen")
 
 
-def load_operators() -> str | None:
-    """Register the native CUDA implementations of every fa4 operator (the schemas must be
-    defined first: fa4.ops, fa4.ops_varlen). Where they cannot be (FA4_DISABLE_NATIVE=1, an
-    unbuilt checkout, a torch older than the stable ABI the library targets, no CUDA runtime),
-    CUDA calls raise an error saying why instead. Returns that reason, or None."""
+def define_operators() -> str | None:
+    """Define fa4's operators. Loading libfa4_ops.so defines them (schemas: csrc_shims/
+    fa4_schemas.c) with their native CUDA kernels; the Python modules then add fake, CPU and
+    autograd kernels. Where the library cannot load (FA4_DISABLE_NATIVE=1, an unbuilt checkout,
+    a torch older than the stable ABI it targets, no CUDA runtime), the same schemas come from
+    libfa4_rules.so and CUDA calls raise an error saying why. Returns that reason, or None."""
     global _unavailable_reason
     import torch
 
-    from fa4 import settings
+    from fa4 import heuristics, settings
 
+    if _unavailable_reason is None or hasattr(torch.ops.fa4, "fwd"):
+        return _unavailable_reason  # defined already (this process imported fa4 before)
     reason = None
     if settings.native_disabled():
         reason = "FA4_DISABLE_NATIVE=1 is set"
@@ -122,8 +125,12 @@ def load_operators() -> str | None:
             reason = f"loading {OPS_PATH.name} failed ({error}); fa4's CUDA path needs torch >= 2.10 built for CUDA 13"
     _unavailable_reason = reason
     if reason is not None:
-        for op in OPERATORS:
-            torch.library.impl(f"fa4::{op}", "CUDA")(_refuse)
+        rules = heuristics.rules()
+        for i in range(rules.fa4_schema_count()):
+            schema = rules.fa4_schema(i).decode()
+            name, rest = schema.split("(", 1)
+            torch.library.define(f"fa4::{name}", "(" + rest)
+            torch.library.impl(f"fa4::{name}", "CUDA")(_refuse)
     return reason
 
 

@@ -66,6 +66,8 @@ def rules() -> ctypes.CDLL:
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
         "fa4_stats_rows": (i64, [i64, i32, i64]),
         "fa4_read_tuning": (i32, [ctypes.POINTER(_Tuning)]),
+        "fa4_schema_count": (i32, []),
+        "fa4_schema": (ctypes.c_char_p, [i32]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

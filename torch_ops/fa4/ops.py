@@ -3,30 +3,18 @@
 ``fa4::fwd``  (q, k, v, ...) -> (out, lse): CPU runs the chunked torch reference.
 ``fa4::bwd``  (dout, q, k, v, out, lse, dlse, ...) -> (dq, dk, dv): CPU runs the chunked torch
               recomputation.
-Their CUDA implementations (and fa4::fwd_varlen's, fa4::bwd_varlen's) are native code
-(csrc_shims/fa4_ops.cpp), registered by ``fa4._native.load_operators`` once the schemas exist:
-a CUDA call never enters Python below the op.
+The operators and their CUDA implementations (fa4::fwd_varlen's and fa4::bwd_varlen's too) are
+native code (csrc_shims/fa4_schemas.c, fa4_ops.cpp), defined by loading the library
+(``fa4._native.define_operators``): a CUDA call never enters Python below the op.
 """
 from __future__ import annotations
 
 import torch
 
-from fa4 import heuristics, log, reference
+from fa4 import _native, heuristics, log, reference
 from fa4.validation import check_pack_gqa, check_qkv, check_scalars, native_error
 
-_MASK_ARGS = "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
-
-# ``deterministic`` is a backward option: the forward op carries it for autograd.
-torch.library.define(
-    "fa4::fwd",
-    f"(Tensor q, Tensor k, Tensor v, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None, "
-    "bool deterministic=False) -> (Tensor out, Tensor lse)",
-)
-torch.library.define(
-    "fa4::bwd",
-    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
-    f"float softmax_scale, {_MASK_ARGS}, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
-)
+_native.define_operators()  # the schemas and native CUDA kernels of every fa4 operator
 
 
 def _empty_outputs(q, v):

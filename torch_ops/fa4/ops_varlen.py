@@ -9,22 +9,8 @@ from __future__ import annotations
 import torch
 
 from fa4 import heuristics, reference
-from fa4.ops import _MASK_ARGS
+import fa4.ops  # noqa: F401  (defines the operators)
 from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets, native_error
-
-torch.library.define(
-    "fa4::fwd_varlen",
-    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-    f"int max_seqlen_q, int max_seqlen_k, float softmax_scale, {_MASK_ARGS}, bool? pack_gqa=None, "
-    "bool deterministic=False) -> (Tensor out, Tensor lse)",
-)
-torch.library.define(
-    "fa4::bwd_varlen",
-    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, Tensor cu_seqlens_q, "
-    "Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
-    f"{_MASK_ARGS}, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
-)
-
 
 def _prepare(q, k, v, cu_q, cu_k, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap,
              pack_gqa=None):

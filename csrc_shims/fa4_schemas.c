@@ -1,0 +1,24 @@
+/* The torch.ops.fa4 schemas (fa4_schemas.h). `deterministic` on the forward ops is a backward
+ * option they carry for autograd. */
+#include "fa4_schemas.h"
+
+#define MASK_ARGS "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0"
+
+static const char *const schemas[] = {
+    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, " MASK_ARGS ", bool? pack_gqa=None, "
+    "bool deterministic=False) -> (Tensor out, Tensor lse)",
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, float softmax_scale, "
+    MASK_ARGS ", bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
+    "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+    "int max_seqlen_q, int max_seqlen_k, float softmax_scale, " MASK_ARGS ", bool? pack_gqa=None, "
+    "bool deterministic=False) -> (Tensor out, Tensor lse)",
+    "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+    "float softmax_scale, " MASK_ARGS ", bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
+};
+
+int32_t fa4_schema_count(void) { return (int32_t)(sizeof(schemas) / sizeof(schemas[0])); }
+
+const char *fa4_schema(int32_t index) {
+  return index >= 0 && index < fa4_schema_count() ? schemas[index] : (const char *)0;
+}

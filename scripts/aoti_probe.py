@@ -1,0 +1,31 @@
+"""Diagnostics: export + AOTInductor-compile a model calling fa4 on CUDA, step by step, printing
+where it stops (tests/gpu/test_aoti_gpu.py is skipped while aoti_compile_and_package crashes).
+
+    python3 -X faulthandler scripts/aoti_probe.py {dense,varlen}
+"""
+import sys
+
+import torch
+
+import fa4
+
+kind = sys.argv[1] if len(sys.argv) > 1 else "dense"
+
+
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, cu):
+        if kind == "dense":
+            return fa4.attention(q, k, v, causal=True)
+        return fa4.attention_varlen(q[0], k[0], v[0], cu, cu, 200, 200, causal=True)
+
+
+q = torch.randn(1, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+k, v = (torch.randn(1, 300, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+cu = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+program = torch.export.export(Model(), (q, k, v, cu))
+print("exported", flush=True)
+path = torch._inductor.aoti_compile_and_package(program, package_path=f"/tmp/fa4_{kind}.pt2")
+print("compiled", path, flush=True)
+model = torch._inductor.aoti_load_package(path)
+print("loaded", flush=True)
+print("equal:", torch.equal(model(q, k, v, cu), Model()(q, k, v, cu)), flush=True)
