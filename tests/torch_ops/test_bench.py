@@ -94,3 +94,13 @@ def test_host_mode_needs_a_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         bench.main(["--host"])
+
+
+def test_plot_writes_a_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fa4.bench_plot import plot_rows
+
+    rows = [("128", 1024, False, {"fa4": 650.0, "cuDNN": 600.0}), ("128", 4096, True, {"fa4": 700.0, "cuDNN": 560.0})]
+    path = tmp_path / "bench.png"
+    plot_rows(rows, ["fa4", "cuDNN"], str(path))
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"

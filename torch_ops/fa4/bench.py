@@ -414,6 +414,8 @@ def main(argv=None):
                     help="time forward + backward steps and the backward alone instead of the forward")
     ap.add_argument("--backward-shapes", action="store_true",
                     help="with --backward: also GQA, sliding-window and varlen training steps (hd128)")
+    ap.add_argument("--plot", metavar="FILE.png", default=None,
+                    help="also write the forward table as a figure (needs matplotlib: the plot extra)")
     ap.add_argument("--host", action="store_true",
                     help="host time per call (eager, forward + backward, torch.compile, first call, host "
                          "syncs) against SDPA, at the first --head-dims entry, instead of GPU time")
@@ -482,6 +484,12 @@ def main(argv=None):
         print(f"| {label} | {seqlen} | {'yes' if causal else 'no'} | "
               + " | ".join(f"{r[n]:.0f}" for n in names)
               + "".join(f" | {r['fa4'] / r[p]:.3f}" for p in peers) + " |")
+    if args.plot:
+        from fa4.bench_plot import plot_rows
+
+        plot_rows(rows, names, args.plot, f"{torch.cuda.get_device_name()}, {args.dtype}, {args.tokens} tokens, "
+                                          f"hidden {args.hidden}: TFLOP/s, same run")
+        print(f"figure: {args.plot}")
 
 
 if __name__ == "__main__":
