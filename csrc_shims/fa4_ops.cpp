@@ -2,8 +2,9 @@
 // (torch/csrc/stable, built with TORCH_TARGET_VERSION = the oldest torch fa4 supports): one
 // binary for every torch from that version on and every Python. Per call: check the arguments,
 // pick the variant and the launch parameters (fa4_rules.h), allocate, launch through libfa4
-// (fa4_shim.h). Python keeps the schemas, the fake impls, autograd and the CPU reference
-// (torch_ops/ops.py); no per-call work goes back into Python.
+// (fa4_shim.h). Loading the library defines the operators (fa4_schemas.c); Python adds the fake
+// impls, autograd and the CPU reference (torch_ops/fa4/ops.py); no per-call work goes back into
+// Python.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -194,18 +195,24 @@ int32_t dtype_code(ScalarType t) {
   }
 }
 
-// An int32 vector of zeros per device for the kernel arguments a variant ignores (never written).
-const Tensor &unused_vector(int device) {
+// An int32 vector of zeros per device for the kernel arguments a variant ignores (never written;
+// a one-sequence launch reads its word 0 as the sequence order). Made once with a synchronous
+// memset; a process whose first fa4 call is captured into a CUDA graph (where that memset is not
+// allowed) gets fresh zeros from a captured memset for that call instead.
+Tensor unused_vector(int device) {
   static std::mutex lock;
   static auto *vectors = new std::map<int, Tensor>();  // never freed: lives until exit
   std::lock_guard<std::mutex> guard(lock);
   auto found = vectors->find(device);
-  if (found == vectors->end()) {
-    Tensor t = empty({2}, aoti_torch_dtype_int32(), device);
-    cudaMemset(t.mutable_data_ptr(), 0, 2 * sizeof(int32_t));
-    found = vectors->emplace(device, t).first;
-  }
-  return found->second;
+  if (found != vectors->end()) return found->second;
+  void *stream = current_stream(device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
+  if (capture != cudaStreamCaptureStatusNone) return zeros({2}, aoti_torch_dtype_int32(), device, 4, stream);
+  Tensor t = empty({2}, aoti_torch_dtype_int32(), device);
+  cudaError_t err = cudaMemset(t.mutable_data_ptr(), 0, 2 * sizeof(int32_t));
+  FA4_CHECK(err == cudaSuccess, "fa4: cudaMemset failed: ", cudaGetErrorString(err));
+  return vectors->emplace(device, t).first->second;
 }
 
 #ifdef FA4_DIAG_STAMP_WORDS
