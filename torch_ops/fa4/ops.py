@@ -85,6 +85,10 @@ torch.library.register_autograd("fa4::fwd", _backward, setup_context=_setup_cont
 
 
 # ------------------------------------------------------------------------- eager calls
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 class _EagerAutograd(torch.autograd.Function):
     """Autograd of an eager fa4 call: the op runs below autograd, with the registered
     setup_context and backward (fa4.ops, fa4.ops_varlen). torch.library's generated autograd for
@@ -94,7 +98,7 @@ class _EagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, setup_context, backward, *inputs):
-        with torch._C._AutoDispatchBelowAutograd():
+        with _below_autograd():
             output = op(*inputs)
         setup_context(ctx, inputs, output)
         ctx.backward_fn = backward
@@ -106,10 +110,6 @@ class _EagerAutograd(torch.autograd.Function):
         if log.debug_enabled() and grads[0].is_cuda:
             log.launched("bwd", f"q {tuple(grads[0].shape)} k {tuple(grads[1].shape)}")
         return (None, None, None) + grads
-
-
-_below_autograd = torch._C._AutoDispatchBelowAutograd
-_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def call(op, setup_context, backward, *inputs):
