@@ -63,22 +63,9 @@ def attention(
     On CUDA this runs fa4's compiled Hopper kernels, forward and backward; on CPU a chunked
     reference in fp32 (its backward a chunked recomputation in torch ops).
     """
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    if scale is None:
-        scale = default_scale(int(q.shape[-1]))  # head_dim is static (it picks the kernel): a constant scale
-    window_left, window_right = window
-    softcap = 0.0 if softcap is None else float(softcap)
-    try:
-        out, lse = ops.call(
-            _FWD, ops._setup_context, ops._backward,
-            q, k, v, float(scale), causal, int(window_left), int(window_right), softcap, pack_gqa,
-            _deterministic(deterministic),
-        )
-    except RuntimeError as error:
-        raise native_error(error) from None
-    if not torch.compiler.is_compiling() and log.debug_enabled() and q.is_cuda:
-        log.launched("fwd", f"q {tuple(q.shape)} k {tuple(k.shape)} causal={causal} window={window}")
+    scale, (window_left, window_right), softcap = _options(q, scale, window, softcap)
+    out, lse = _run(_FWD, ops, q, k, v, scale, causal, window_left, window_right, softcap, pack_gqa,
+                    _deterministic(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -116,27 +103,38 @@ def attention_varlen(
             aligned to each sequence's bottom-right corner. LSE is (heads_q, total_q) fp32.
             Automatic pack-GQA looks at max_seqlen_q.
     """
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name} must be a Python int (not a tensor: that would make the compiled "
                              f"graph depend on a device value); got {type(value).__name__}")
+    scale, (window_left, window_right), softcap = _options(q, scale, window, softcap)
+    out, lse = _run(_FWD_VARLEN, ops_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                    max_seqlen_k, scale, causal, window_left, window_right, softcap, pack_gqa,
+                    _deterministic(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def _options(q, scale, window, softcap) -> tuple[float, tuple[int, int], float]:
+    """The public functions' options as the operators take them (softcap None is 0: a None
+    default keeps torch.compile(dynamic=True) from making a float default a symbolic input)."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if scale is None:
         scale = default_scale(int(q.shape[-1]))  # head_dim is static (it picks the kernel): a constant scale
-    window_left, window_right = window
-    softcap = 0.0 if softcap is None else float(softcap)
+    left, right = window
+    return float(scale), (int(left), int(right)), 0.0 if softcap is None else float(softcap)
+
+
+def _run(op, module, q, k, *inputs):
+    """``op`` through ``ops.call`` with ``module``'s autograd (fa4.ops or fa4.ops_varlen); native
+    errors as the Python exceptions they stand for; the launch logged at debug level."""
     try:
-        out, lse = ops.call(
-            _FWD_VARLEN, ops_varlen._setup_context, ops_varlen._backward,
-            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, float(scale), causal,
-            int(window_left), int(window_right), softcap, pack_gqa, _deterministic(deterministic),
-        )
+        out, lse = ops.call(op, module._setup_context, module._backward, q, k, *inputs)
     except RuntimeError as error:
         raise native_error(error) from None
     if not torch.compiler.is_compiling() and log.debug_enabled() and q.is_cuda:
-        log.launched("fwd", f"varlen q {tuple(q.shape)} k {tuple(k.shape)}, {cu_seqlens_q.shape[0] - 1} sequences")
-    return (out, lse) if return_lse else out
+        log.launched("fwd", f"{op._opname} q {tuple(q.shape)} k {tuple(k.shape)}")
+    return out, lse
 
 
 def _deterministic(requested: bool | None) -> bool:
