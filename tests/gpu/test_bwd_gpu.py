@@ -12,7 +12,7 @@ import torch
 
 import fa4
 from fa4 import reference
-from fa4.testing import naive_attention, rel_error
+from fa4.testing import naive_attention, rel_error, visible_keys
 
 from ..conftest import requires_hopper
 
@@ -40,16 +40,7 @@ def naive_in_dtype(q, k, v, causal, window, softcap, scale):
     s = (qt @ kt.transpose(-1, -2)) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq, device=q.device)[:, None]
-    j = torch.arange(sk, device=q.device)[None, :]
-    vis = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        vis &= j <= i + sk - sq + right
-    if left >= 0:
-        vis &= j >= i + sk - sq - left
+    vis = visible_keys(sq, sk, causal, window, q.device)
     p = torch.softmax(s.masked_fill(~vis, float("-inf")), -1).nan_to_num(0.0)
     return (p @ vt).transpose(1, 2)
 

@@ -6,6 +6,23 @@ import math
 import torch
 
 
+def visible_keys(sq: int, sk: int, causal: bool, window: tuple[int, int], device) -> torch.Tensor:
+    """(sq, sk) bool: which keys each query row sees, bottom-right aligned (causal is window
+    (-1, 0); -1 leaves a side unbounded)."""
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + sk - sq
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        visible &= j <= diag + right
+    if left >= 0:
+        visible &= j >= diag - left
+    return visible
+
+
 def naive_attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0):
     """float64 (out (b, sq, hq, dv), lse (b, hq, sq)) computed the obvious way, for checking."""
     b, sq, hq, d = q.shape
@@ -17,18 +34,7 @@ def naive_attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softc
     s = qd @ kd.transpose(-1, -2) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq, device=q.device)[:, None]
-    j = torch.arange(sk, device=q.device)[None, :]
-    diag = i + sk - sq
-    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        visible &= j <= diag + right
-    if left >= 0:
-        visible &= j >= diag - left
-    s = s.masked_fill(~visible, float("-inf"))
+    s = s.masked_fill(~visible_keys(sq, sk, causal, window, q.device), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
     out = (p @ vd).transpose(1, 2)
