@@ -252,6 +252,21 @@ fa4_tensor view_of(const Tensor &t, int lead_ones = 0) {
   return out;
 }
 
+// A contiguous (row-major) view of `shape` at `data`.
+fa4_tensor dense_view(void *data, const std::vector<int64_t> &shape) {
+  fa4_tensor out{};
+  out.data = data;
+  out.rank = (int32_t)shape.size();
+  FA4_CHECK(out.rank <= FA4_MAX_RANK, "fa4: rank ", out.rank, " too large");
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    out.shape[i] = shape[i];
+    out.stride[i] = stride;
+    stride *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return out;
+}
+
 // The unused int32 vector as a rank-3 tensor (the backward's semaphore argument when no counter
 // is needed).
 fa4_tensor unused_rank3(int device) {
@@ -498,16 +513,7 @@ fa4_tensor zeroed_counters(int device, void *stream, std::vector<int64_t> shape,
     *keep = found->second.buffer;
     base = keep->mutable_data_ptr();
   }
-  fa4_tensor out{};
-  out.data = static_cast<int32_t *>(base) + offset;
-  out.rank = (int32_t)shape.size();
-  int64_t stride = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    out.shape[i] = shape[i];
-    out.stride[i] = stride;
-    stride *= shape[i];
-  }
-  return out;
+  return dense_view(static_cast<int32_t *>(base) + offset, shape);
 }
 
 // Packed sequences: their indices by decreasing query length (on the GPU, no host sync); the
@@ -702,7 +708,7 @@ std::tuple<Tensor, Tensor> fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_q,
 }
 
 // --------------------------------------------------------------------------- backward
-// The CUDA backward: two compiled kernels and a conversion.
+// The CUDA backward: three compiled kernels.
 // preprocess  (src/fa4_kernels/sm90/bwd_preprocess.py) the row statistics the main kernel reads,
 //             in its padded layout: LSE * log2(e) (+inf where a row sees no key and in the
 //             padding, so those rows' probabilities are 0) and dPsum = rowsum(dO * O) - dLSE (the
@@ -715,7 +721,8 @@ std::tuple<Tensor, Tensor> fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_q,
 //             the kernel); one int32 counter per (sequence, head, query block), zero at launch,
 //             holds the first-store claims and, when deterministic, orders each query block's dQ
 //             additions by K/V block;
-// conversion  dQ to the input dtype (one torch copy).
+// postprocess (sm90/bwd_postprocess.py) dQ to the input dtype, a flat pass over the accumulator.
+// dQ's accumulator and the statistics share one fp32 workspace.
 // No step reads a device value on the host: varlen offsets stay on the GPU; the grids cover
 // max_seqlen_q / max_seqlen_k (FlashAttention's contract: they bound every sequence). The
 // buffers' contracts: fa4_shim.h.
@@ -731,7 +738,9 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   if (!varlen) mask = fa4_effective_mask(mask, sq, sk);  // as the forward ran
   Candidates main_c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen, FA4_KERNEL_BWD);
   Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, varlen, FA4_KERNEL_BWD_PRE);
-  if (main_c.family[0] < 0 || pre_c.family[0] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_BWD);
+  Candidates post_c = find_variants(dev, q.scalar_type(), 0, 0, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_POST);
+  if (main_c.family[0] < 0 || pre_c.family[0] < 0 || post_c.family[0] < 0)
+    unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_BWD);
   const fa4_variant &main_v = fa4_variants[main_c.family[0]], &pre_v = fa4_variants[pre_c.family[0]];
   fa4_tuning tune = tuning();
   void *stream = current_stream(device);
@@ -742,10 +751,18 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   const int64_t stats_block = pre_v.tile_m, tile_n = main_v.tile_n;
   int64_t num_m_blocks, num_n_blocks, zero_rows;
   int32_t store_first;
-  Tensor dq_accum, dk, dv_out;
+  Tensor dk, dv_out;
   std::vector<int64_t> q_shape = shape_of(q), k_shape = shape_of(k), v_shape = shape_of(v);
   int32_t f32 = aoti_torch_dtype_float32(), io = dtype_code(q.scalar_type());
   size_t elem = q.element_size();
+  int64_t sequences = varlen ? varlen->cu_q.size(0) - 1 : b;
+  // One fp32 workspace: dQ's accumulator (q's shape), then LSE * log2(e) and dPsum, (b, hq, rows)
+  // each. The accumulator's size is a multiple of head_dim (>= 32 floats): the statistics start
+  // 128-byte aligned. One allocation instead of two: each costs ~2.5 us of host time.
+  const int64_t acc_words = numel(q_shape);
+  const int64_t rows = fa4_stats_rows(sq, (int32_t)stats_block, varlen ? sequences : -1);
+  Tensor workspace = empty({acc_words + 2 * b * hq * rows}, f32, device);
+  float *acc_data = static_cast<float *>(workspace.mutable_data_ptr());
   if (!varlen) {
     num_m_blocks = (sq + stats_block - 1) / stats_block;
     num_n_blocks = (sk + tile_n - 1) / tile_n;
@@ -754,7 +771,6 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     // The preprocess zeroes dQ's accumulator (with store_first only the rows no K/V block
     // reaches); every key row is in a visited K/V block.
     zero_rows = store_first ? fa4_keyless_rows(sq, sk, mask) : sq;
-    dq_accum = empty(q_shape, f32, device);
     dk = empty(k_shape, io, device);
     dv_out = empty(v_shape, io, device);
   } else {
@@ -762,13 +778,13 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     num_n_blocks = std::max<int64_t>(1, (std::min(varlen->max_seqlen_k, sk) + tile_n - 1) / tile_n);
     // Rows outside every sequence and keys past seqused_k get no gradient: zeros.
     store_first = 0, zero_rows = 0;
-    dq_accum = zeros(q_shape, f32, device, 4, stream);
+    cudaError_t err = cudaMemsetAsync(acc_data, 0, (size_t)acc_words * 4, (cudaStream_t)stream);
+    FA4_CHECK(err == cudaSuccess, "fa4: cudaMemsetAsync failed: ", cudaGetErrorString(err));
     dk = zeros(k_shape, io, device, elem, stream);
     dv_out = zeros(v_shape, io, device, elem, stream);
   }
   phases.mark("gradients");
   int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, tune.bwd_rotate);
-  int64_t sequences = varlen ? varlen->cu_q.size(0) - 1 : b;
   int64_t counted_rows = varlen ? std::min(varlen->max_seqlen_q, sq) : sq;
   Tensor semaphores = unused_vector(device);
   fa4_tensor n_sem = unused_rank3(device);
@@ -776,14 +792,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     int64_t blocks = std::max<int64_t>(1, (counted_rows + main_v.tile_m - 1) / main_v.tile_m);
     n_sem = zeroed_counters(device, stream, {sequences, hq, blocks}, &semaphores);
   }
-  // LSE * log2(e) and dPsum, (b, hq, rows) each, in one allocation.
-  int64_t rows = fa4_stats_rows(sq, (int32_t)stats_block, varlen ? sequences : -1);
-  Tensor stats = empty({2, b, hq, rows}, f32, device);
-  fa4_tensor n_lse2 = view_of(stats), n_dpsum;
-  n_lse2.rank = 3;
-  for (int i = 0; i < 3; i++) n_lse2.shape[i] = n_lse2.shape[i + 1], n_lse2.stride[i] = n_lse2.stride[i + 1];
-  n_dpsum = n_lse2;
-  n_dpsum.data = static_cast<float *>(n_lse2.data) + b * hq * rows;
+  fa4_tensor n_lse2 = dense_view(acc_data + acc_words, {b, hq, rows});
+  fa4_tensor n_dpsum = dense_view(acc_data + acc_words + b * hq * rows, {b, hq, rows});
   // dLSE from autograd may be any view (an expanded ones tensor for lse.sum()): rows contiguous.
   if (dlse && !dlse->is_contiguous()) dlse = torch::stable::contiguous(*dlse);
   const Tensor &unused = unused_vector(device);
@@ -794,7 +804,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   }
   fa4_tensor n_out = view_of(out, lead), n_dout = view_of(dout, lead), n_lse = view_of(lse, lead);
   fa4_tensor n_dlse = dlse ? view_of(*dlse, lead) : n_lse;
-  fa4_tensor n_acc = view_of(dq_accum, lead);
+  fa4_tensor n_acc = dense_view(acc_data, {b, sq, hq, d});  // packed sequences: batch 1
   fa4_tensor n_q = view_of(q, lead), n_k = view_of(k, lead), n_v = view_of(v, lead);
   fa4_tensor n_dk = view_of(dk, lead), n_dv = view_of(dv_out, lead);
   fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks};
@@ -810,14 +820,14 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     check_status(fa4_bwd(main_c.family[0], &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
                          &cu_k, &used_k, &n_sem, &params, stream),
                  "backward kernel");
+    phases.mark("launch main");
+    // dQ in the input dtype: the postprocess kernel (a torch copy cost ~10-12 us of host time).
+    Tensor dq = empty(q_shape, io, device);
+    fa4_tensor flat_acc = dense_view(acc_data, {acc_words}), flat_dq = dense_view(dq.mutable_data_ptr(), {acc_words});
+    check_status(fa4_bwd_postprocess(post_c.family[0], &flat_acc, &flat_dq, stream), "backward postprocess");
+    phases.mark("convert dq");
+    return {dq, dk, dv_out};
   }
-  phases.mark("launch main");
-  Tensor dq = empty(q_shape, io, device);
-  // dQ in the input dtype (the C shim's copy, not the boxed dispatcher: 13.0-14.6 -> 12.4 us of host
-  // time on an H100 machine; most of it is the copy's own setup)
-  FA4_CHECK(aoti_torch_copy_(dq.get(), dq_accum.get(), 0) == AOTI_TORCH_SUCCESS, "fa4: converting dQ failed");
-  phases.mark("convert dq");
-  return {dq, dk, dv_out};
 }
 
 std::tuple<Tensor, Tensor, Tensor> zero_grads(const Tensor &q, const Tensor &k, const Tensor &v) {

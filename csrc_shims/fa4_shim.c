@@ -323,3 +323,35 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;
 }
+
+/* Elements per postprocess launch: its kernel indexes 8-element vectors with 32-bit integers. */
+#define FA4_POST_CHUNK ((int64_t)1 << 30)
+
+int32_t fa4_bwd_postprocess(int32_t index, const fa4_tensor *dq_accum, const fa4_tensor *dq, void *stream) {
+  if (index < 0 || index >= fa4_variant_count)
+    return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
+  const fa4_variant *variant = &fa4_variants[index];
+  if (variant->kind != FA4_KERNEL_BWD_POST)
+    return fail(FA4_ERR_WRONG_KIND, "%s is not a backward postprocess", variant->name);
+  if (!dq_accum || !dq || !dq_accum->data || !dq->data || dq_accum->rank != 1 || dq->rank != 1 ||
+      dq_accum->stride[0] != 1 || dq->stride[0] != 1 || (uintptr_t)dq_accum->data % 16 || (uintptr_t)dq->data % 16)
+    return fail(FA4_ERR_BAD_TENSOR, "dq_accum and dq: rank 1, contiguous, 16-byte aligned");
+  int64_t n = dq->shape[0];
+  if (dq_accum->shape[0] != n || n <= 0 || n % 8)
+    return fail(FA4_ERR_BAD_TENSOR, "dq_accum and dq: the same positive length, a multiple of 8 (got %lld and %lld)",
+                (long long)dq_accum->shape[0], (long long)n);
+  int32_t status;
+  if ((status = ready_on_current_device(index))) return status;
+  const int64_t elem = 2; /* bf16 and fp16 */
+  for (int64_t start = 0; start < n; start += FA4_POST_CHUNK) {
+    int64_t len = n - start < FA4_POST_CHUNK ? n - start : FA4_POST_CHUNK;
+    fa4_tensor src = *dq_accum, dst = *dq;
+    src.data = (char *)dq_accum->data + start * 4;
+    dst.data = (char *)dq->data + start * elem;
+    src.shape[0] = dst.shape[0] = len;
+    int32_t ret = variant->bwd_post(&src, &dst, (cudaStream_t)stream);
+    if (ret != 0)
+      return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
+  }
+  return FA4_OK;
+}

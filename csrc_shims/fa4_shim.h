@@ -114,6 +114,11 @@ int32_t fa4_bwd_preprocess(int32_t variant, const fa4_tensor *out, const fa4_ten
                            const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
                            const fa4_bwd_pre_params *params, void *stream);
 
+/* The backward's postprocess: dq = dq_accum converted to the variant's dtype (its bwd_post variant),
+ * both rank 1, contiguous, 16-byte aligned, of the same length, a multiple of 8 elements (dQ's
+ * head_dim is). Any length: ranges of 2^30 elements are launched one after another. */
+int32_t fa4_bwd_postprocess(int32_t variant, const fa4_tensor *dq_accum, const fa4_tensor *dq, void *stream);
+
 /* What the last forward or backward launch on this thread ran (for tests and diagnostics):
  * its variant index and the decisions the caller made for it. */
 typedef struct {

@@ -31,17 +31,19 @@ typedef int32_t (*fa4_bwd_pre_fn)(const fa4_tensor *out, const fa4_tensor *dout,
                                   const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
                                   const fa4_bwd_pre_params *params, cudaStream_t stream);
 
-enum fa4_kernel_kind { FA4_KERNEL_FWD = 0, FA4_KERNEL_BWD = 1, FA4_KERNEL_BWD_PRE = 2 };
+typedef int32_t (*fa4_bwd_post_fn)(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream);
+
+enum fa4_kernel_kind { FA4_KERNEL_FWD = 0, FA4_KERNEL_BWD = 1, FA4_KERNEL_BWD_PRE = 2, FA4_KERNEL_BWD_POST = 3 };
 enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1 };
 
 typedef struct {
   const char *name;
-  int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre below is set */
+  int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre / bwd_post below is set */
   int32_t cc_major, cc_minor;
   /* The call key it serves (catalog.VariantKey): dtype, head dims, mask (fa4_mask_kind in
      fa4_rules.h), softcap, varlen, and its tile family (fa4_tile_family). */
   int32_t dtype; /* fa4_dtype */
-  int32_t head_dim, head_dim_v;
+  int32_t head_dim, head_dim_v; /* 0, 0 for the postprocess (one per dtype) */
   int32_t mask;
   int32_t softcap;
   int32_t tiles;
@@ -55,6 +57,7 @@ typedef struct {
   fa4_fwd_fn fwd;
   fa4_bwd_fn bwd;
   fa4_bwd_pre_fn bwd_pre;
+  fa4_bwd_post_fn bwd_post;
 } fa4_variant;
 
 extern const fa4_variant fa4_variants[];

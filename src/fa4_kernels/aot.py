@@ -59,7 +59,7 @@ def dsl_version() -> str:
 # Kernel files only some kinds of kernel import: an edit to one leaves the other kinds' objects
 # cached. The preprocess imports the statistics layout (stats_offset) from the backward's file.
 KERNEL_ONLY_SOURCES = {"sm90/fwd.py": ("fwd",), "sm90/bwd.py": ("bwd", "bwd_pre"),
-                       "sm90/bwd_preprocess.py": ("bwd_pre",)}
+                       "sm90/bwd_preprocess.py": ("bwd_pre",), "sm90/bwd_postprocess.py": ("bwd_post",)}
 
 
 def source_digest(kernel: str) -> str:
@@ -90,7 +90,8 @@ def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
 def compile_variant(name: str, out_dir: Path) -> None:
     """Compile one variant in this process (CUTE_DSL_ARCH must already match its arch)."""
     key = next(v for v in catalog.all_variants((os.environ["CUTE_DSL_ARCH"],)) if v.name == name)
-    compiled = {"fwd": _compile_fwd, "bwd": _compile_bwd, "bwd_pre": _compile_bwd_pre}[key.kernel](key)
+    compiled = {"fwd": _compile_fwd, "bwd": _compile_bwd, "bwd_pre": _compile_bwd_pre,
+                "bwd_post": _compile_bwd_post}[key.kernel](key)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         compiled.export_to_c(tmp, name, function_prefix=name)
@@ -255,6 +256,22 @@ def _compile_bwd_pre(key: catalog.VariantKey):
     )
 
 
+def _compile_bwd_post(key: catalog.VariantKey):
+    import cutlass.cute as cute
+    from cutlass import Float32
+    from cutlass.cute.runtime import make_fake_tensor
+    from cutlass.runtime import make_fake_stream
+
+    from fa4_kernels.sm90.bwd_postprocess import VECTOR, BackwardPostprocessSm90
+
+    dtype, _, _, _ = _fake_inputs(key)
+
+    def flat(element):  # (n,) contiguous, n a multiple of VECTOR, 16-byte aligned
+        return make_fake_tensor(element, (cute.sym_int(divisibility=VECTOR),), stride=(1,), assumed_align=16)
+
+    return cute.compile(BackwardPostprocessSm90(dtype), flat(Float32), flat(dtype), make_fake_stream())
+
+
 # The kernels' tensor parameters -> the C wrapper's fa4_tensor arguments, per kernel kind.
 TENSOR_ARGS = {
     "fwd": {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
@@ -265,6 +282,7 @@ TENSOR_ARGS = {
             "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
                 "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mCuSeqlensQ": "cu_seqlens_q"},
+    "bwd_post": {"mAccum": "dq_accum", "mOut": "dq"},
 }
 
 
@@ -291,6 +309,12 @@ def _launch_fn(key: catalog.VariantKey, header: str) -> str:
     """C of the variant's launch function, by kernel kind (signatures: fa4_variant_table.h)."""
     n = key.name
     fill = _tensor_fill(n, header, TENSOR_ARGS[key.kernel])
+    if key.kernel == "bwd_post":
+        return f"""
+static int32_t {n}_bwd_post(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream) {{
+{fill}
+  return cute_dsl_{n}_wrapper(&{n}_module, &t_dq_accum, &t_dq, stream);
+}}"""
     if key.kernel == "bwd_pre":
         return f"""
 static int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
@@ -358,9 +382,10 @@ static int32_t {n}_load(int32_t device) {{
         out.append(_launch_fn(key, header))
         cfg = heuristics.kernel_config(key)
         split_tail = int(getattr(cfg, "split_tail", False))
-        launch = {"fwd": f"{n}_fwd, NULL, NULL", "bwd": f"NULL, {n}_bwd, NULL",
-                  "bwd_pre": f"NULL, NULL, {n}_bwd_pre"}[key.kernel]
-        kind = {"fwd": "FA4_KERNEL_FWD", "bwd": "FA4_KERNEL_BWD", "bwd_pre": "FA4_KERNEL_BWD_PRE"}[key.kernel]
+        launch = {"fwd": f"{n}_fwd, NULL, NULL, NULL", "bwd": f"NULL, {n}_bwd, NULL, NULL",
+                  "bwd_pre": f"NULL, NULL, {n}_bwd_pre, NULL", "bwd_post": f"NULL, NULL, NULL, {n}_bwd_post"}[key.kernel]
+        kind = {"fwd": "FA4_KERNEL_FWD", "bwd": "FA4_KERNEL_BWD", "bwd_pre": "FA4_KERNEL_BWD_PRE",
+                "bwd_post": "FA4_KERNEL_BWD_POST"}[key.kernel]
         dtype = {"bf16": "FA4_DTYPE_BF16", "fp16": "FA4_DTYPE_FP16"}[key.dtype]
         mask = {"none": "FA4_MASK_NONE", "causal": "FA4_MASK_CAUSAL", "local": "FA4_MASK_LOCAL"}[key.mask]
         tiles = {"regular": "FA4_TILES_REGULAR", "short": "FA4_TILES_SHORT", "long": "FA4_TILES_LONG"}[key.tiles]
@@ -407,8 +432,10 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
     lib_dir.mkdir(parents=True, exist_ok=True)
     tmp_out = lib_dir / f".{LIB_NAME}.tmp"
     cc = os.environ.get("CC", "cc")
+    # Diagnostics builds time the launches too (cuda_forwards.c).
+    diag = ["-DFA4_DIAG_HOST_TIMING"] if env_settings()["diag_host_timing"] else []
     cmd = [
-        cc, "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wno-unused-function",
+        cc, "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wno-unused-function", *diag,
         "-Wl,-z,defs", "-Wl,--exclude-libs,ALL", "-I", str(inc), "-I", str(SHIM_DIR),
         *[f"-I{d}" for d in header_dirs],
         str(SHIM_DIR / "fa4_shim.c"), str(SHIM_DIR / "cuda_forwards.c"), str(SHIM_DIR / "fa4_rules.c"),

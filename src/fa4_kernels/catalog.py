@@ -14,9 +14,9 @@ DTYPES = ("bf16", "fp16")
 # (head_dim, head_dim_v): the FlashAttention-3 set, plus DeepSeek-style (192, 128).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 MASKS = ("none", "causal", "local")
-# Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV) and its preprocess (the row
-# statistics it reads; the postprocess, dQ's conversion to the input dtype, is one torch op).
-KERNELS = ("fwd", "bwd", "bwd_pre")
+# Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
+# statistics it reads) and its postprocess (dQ's conversion to the input dtype).
+KERNELS = ("fwd", "bwd", "bwd_pre", "bwd_post")
 # (head_dim, head_dim_v) with a backward kernel: all of them.
 BWD_HEAD_DIMS = HEAD_DIMS
 
@@ -41,6 +41,8 @@ class VariantKey:
     @property
     def name(self) -> str:
         """Symbol-safe unique name, also the exported function prefix."""
+        if self.kernel == "bwd_post":  # a flat conversion: its key is the dtype alone
+            return f"fa4_bwd_post_{self.arch}_{self.dtype}"
         sc = "_softcap" if self.softcap else ""
         vl = "_varlen" if self.varlen else ""
         tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
@@ -87,7 +89,10 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
         VariantKey(arch, dtype, hd, hdv, "none", False, varlen, kernel="bwd_pre")
         for arch, dtype, (hd, hdv), varlen in itertools.product(archs, DTYPES, BWD_HEAD_DIMS, (False, True))
     ]
-    return regular + extra + backward + preprocess
+    # The postprocess converts a flat range: one per dtype (head dims 0: it serves every one).
+    postprocess = [VariantKey(arch, dtype, 0, 0, "none", False, kernel="bwd_post")
+                   for arch, dtype in itertools.product(archs, DTYPES)]
+    return regular + extra + backward + preprocess + postprocess
 
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:

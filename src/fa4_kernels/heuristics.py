@@ -326,6 +326,18 @@ def bwd_pre_config(key: VariantKey) -> BwdPreConfig:
     return BwdPreConfig()
 
 
+@dataclass(frozen=True)
+class BwdPostConfig:
+    """The backward postprocess (dQ's conversion): a flat pass with no tiles (tile_m 0)."""
+    tile_m: int = 0
+
+
+def bwd_post_config(key: VariantKey) -> BwdPostConfig:
+    assert key.kernel == "bwd_post"
+    return BwdPostConfig()
+
+
 def kernel_config(key: VariantKey):
     """The config of any variant, by its kernel kind."""
-    return {"fwd": fwd_config, "bwd": bwd_config, "bwd_pre": bwd_pre_config}[key.kernel](key)
+    return {"fwd": fwd_config, "bwd": bwd_config, "bwd_pre": bwd_pre_config,
+            "bwd_post": bwd_post_config}[key.kernel](key)

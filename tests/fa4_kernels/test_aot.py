@@ -43,7 +43,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     # varlen), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
     assert (f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 0, '
             'FA4_TILES_REGULAR, 0, 128, 128, 0,') in c
-    assert f"{KEY.name}_fwd, NULL, NULL}}" in c
+    assert f"{KEY.name}_fwd, NULL, NULL, NULL}}" in c
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
@@ -64,20 +64,30 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
                        f"    int64_t dynamic_strides[2];\n}} {name}_Tensor_{t}_t;\n" for t in tensors)
     main = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", True, True, kernel="bwd")
     pre = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, True, kernel="bwd_pre")
+    post = catalog.VariantKey("sm_90a", "fp16", 0, 0, "none", False, kernel="bwd_post")
     entries = []
     for key in (main, pre):
         path = tmp_path / f"{key.name}.h"
         path.write_text(header(key.name, aot.TENSOR_ARGS[key.kernel]))
         entries.append((key, path))
+    flat = "".join(f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {post.name}_Tensor_{t}_t;\n"
+                   for t in aot.TENSOR_ARGS["bwd_post"])
+    (tmp_path / f"{post.name}.h").write_text(flat)
+    entries.append((post, tmp_path / f"{post.name}.h"))
     c = aot.generate_table(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
-            'FA4_TILES_REGULAR, 1, 64, 128, 0,') in c and f"NULL, {main.name}_bwd, NULL}}" in c
+            'FA4_TILES_REGULAR, 1, 64, 128, 0,') in c and f"NULL, {main.name}_bwd, NULL, NULL}}" in c
     assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream" in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
     assert (f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
-            'FA4_TILES_REGULAR, 1, 128, 0, 0,') in c and f"NULL, NULL, {pre.name}_bwd_pre}}" in c
+            'FA4_TILES_REGULAR, 1, 128, 0, 0,') in c and f"NULL, NULL, {pre.name}_bwd_pre, NULL}}" in c
+    # The postprocess: one per dtype (head dims 0), a flat range in and out.
+    assert post.name == "fa4_bwd_post_sm_90a_fp16"
+    assert (f'{{"{post.name}", FA4_KERNEL_BWD_POST, 9, 0, FA4_DTYPE_FP16, 0, 0, FA4_MASK_NONE, 0, '
+            'FA4_TILES_REGULAR, 0, 0, 0, 0,') in c and f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
+    assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
     assert "p->has_dlse, p->zero_rows, p->num_m_blocks, stream" in c
 
 

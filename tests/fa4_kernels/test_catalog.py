@@ -64,6 +64,11 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
         assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False) in preprocess
     assert all(heuristics.kernel_config(p).tile_m == heuristics.STATS_BLOCK_ROWS for p in preprocess)
     assert all((p.mask, p.softcap) == ("none", False) for p in preprocess)
+    # One postprocess (dQ's flat conversion) per (arch, dtype), serving every head dim.
+    postprocess = [v for v in catalog.all_variants() if v.kernel == "bwd_post"]
+    assert sorted((v.arch, v.dtype) for v in postprocess) == sorted({(v.arch, v.dtype) for v in backward})
+    assert all((v.head_dim, v.head_dim_v, v.varlen) == (0, 0, False) for v in postprocess)
+    assert len({v.name for v in catalog.all_variants()}) == len(catalog.all_variants())
     # hd64 with softcap takes 64-query blocks (128 spilled); hd128 always does.
     key = catalog.VariantKey("sm_90a", "bf16", 64, 64, "causal", True, kernel="bwd")
     assert heuristics.bwd_config(key).tile_m == 64
