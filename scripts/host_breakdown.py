@@ -25,9 +25,14 @@ def print_phases(fn, calls: int) -> None:
     if not hasattr(ops, "fa4_diag_host_phases"):
         return
     buf = ctypes.create_string_buffer(1 << 16)
+    kernels = ctypes.CDLL(str(fa4._native.OPS_PATH.parent / "libfa4.so"))
+    timed_launches = hasattr(kernels, "fa4_diag_launch_time")  # a diagnostics build of libfa4.so too
+    n, us = ctypes.c_long(), ctypes.c_double()
     for _ in range(20):
         fn()
     ops.fa4_diag_host_phases(buf, len(buf))  # reset
+    if timed_launches:
+        kernels.fa4_diag_launch_time(ctypes.byref(n), ctypes.byref(us))
     for _ in range(calls):
         fn()
     torch.cuda.synchronize()
@@ -36,6 +41,10 @@ def print_phases(fn, calls: int) -> None:
     for line in buf.value.decode().splitlines():
         *name, count, total = line.split()
         print(f"  {' '.join(name):32s} {float(total) / int(count):8.2f}")
+    if timed_launches:
+        kernels.fa4_diag_launch_time(ctypes.byref(n), ctypes.byref(us))
+        print(f"  kernel launches: {n.value / calls:.0f} per call, {us.value / max(n.value, 1):.2f} us each "
+              f"in cudaLaunchKernelEx")
 
 
 def main():
