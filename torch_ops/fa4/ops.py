@@ -74,10 +74,7 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    try:
-        dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, dlse, *ctx.options)
-    except RuntimeError as error:
-        raise native_error(error) from None
+    dq, dk, dv = run_backward(_BWD, dout, q, k, v, out, lse, dlse, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -110,6 +107,23 @@ class _EagerAutograd(torch.autograd.Function):
         if log.debug_enabled() and grads[0].is_cuda:
             log.launched("bwd", f"q {tuple(grads[0].shape)} k {tuple(grads[1].shape)}")
         return (None, None, None) + grads
+
+
+_BWD = torch.ops.fa4.bwd.default
+
+
+def run_backward(op, *args):
+    """A backward operator (fa4::bwd, fa4::bwd_varlen) from an autograd backward: below autograd
+    when the engine runs it without grad mode (the usual case; the op has no autograd formula of
+    its own, so this skips only the dispatcher's fallback for it), through the dispatcher
+    otherwise (create_graph, torch.compile, torch.func). Native errors become their Python types."""
+    try:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or _functorch_active():
+            return op(*args)
+        with _below_autograd():
+            return op(*args)
+    except RuntimeError as error:
+        raise native_error(error) from None
 
 
 def call(op, setup_context, backward, *inputs):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import heuristics, reference
-import fa4.ops  # noqa: F401  (defines the operators)
-from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets, native_error
+from fa4 import heuristics, ops, reference  # fa4.ops defines the operators
+from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_varlen_offsets
+
+_BWD_VARLEN = torch.ops.fa4.bwd_varlen.default
 
 def _prepare(q, k, v, cu_q, cu_k, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap,
              pack_gqa=None):
@@ -90,10 +91,7 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, used_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    try:
-        dq, dk, dv = torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
-    except RuntimeError as error:
-        raise native_error(error) from None
+    dq, dk, dv = ops.run_backward(_BWD_VARLEN, dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_k, *ctx.options)
     return (dq, dk, dv) + (None,) * 12
 
 
