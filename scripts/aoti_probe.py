@@ -1,19 +1,23 @@
 """Diagnostics: export + AOTInductor-compile a model calling fa4 on CUDA, step by step, printing
 where it stops (tests/gpu/test_aoti_gpu.py is skipped while aoti_compile_and_package crashes).
 
-    python3 -X faulthandler scripts/aoti_probe.py {dense,varlen}
+    python3 -X faulthandler scripts/aoti_probe.py {dense,varlen,plain}
+
+"plain" exports a model without fa4 (fa4 not even imported): whether AOTInductor itself runs here.
 """
 import sys
 
 import torch
 
-import fa4
-
 kind = sys.argv[1] if len(sys.argv) > 1 else "dense"
+if kind != "plain":
+    import fa4
 
 
 class Model(torch.nn.Module):
     def forward(self, q, k, v, cu):
+        if kind == "plain":
+            return torch.softmax(q[:, :, :2] @ k.transpose(2, 3), dim=-1) @ v
         if kind == "dense":
             return fa4.attention(q, k, v, causal=True)
         return fa4.attention_varlen(q[0], k[0], v[0], cu, cu, 200, 200, causal=True)

@@ -12,6 +12,9 @@ time, so the loop measures the host. SDPA's backend is chosen once, outside the 
 - the forward through ``torch.compile`` (default mode): fa4 and SDPA with cuDNN;
 - the first fa4 call in a fresh process (CUDA already initialised there): library and kernel
   loading, the cost a short-lived process pays once;
+- floors: calls that do next to nothing (one aten op, a trivial Python custom op, an autograd
+  step through one aten op, a compiled one-kernel function) beside SDPA cuDNN: what torch
+  charges each kind of call whatever its kernel;
 - host synchronisation: fa4's forward and backward (dense, causal, varlen) under
   ``torch.cuda.set_sync_debug_mode("error")``, which raises on a synchronising torch call (a
   sync inside fa4's native library would not show there).
@@ -120,6 +123,53 @@ def eager_rows(head_dim: int, causal: bool, calls: int) -> list[tuple[str, float
     ]
 
 
+_TRIVIAL_OP = []
+
+
+def trivial_op():
+    """A custom op that launches nothing (what entering any Python custom op costs), defined on
+    first use so importing the benchmark registers nothing."""
+    if not _TRIVIAL_OP:
+        @torch.library.custom_op("fa4_bench::trivial", mutates_args=())
+        def trivial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.empty_like(q)
+
+        trivial.register_fake(lambda q, k, v: torch.empty_like(q))
+        _TRIVIAL_OP.append(trivial)
+    return _TRIVIAL_OP[0]
+
+
+def floor_rows(head_dim: int, calls: int) -> list[tuple[str, float, float]]:
+    """(case, us, SDPA-cuDNN us of the same kind of call) for calls that do next to nothing, beside
+    SDPA cuDNN: the floor each kind of call pays in torch whatever the kernel behind it (one aten op
+    with its allocation and launch; a trivial Python custom op; an autograd step through one aten
+    op; a compiled one-kernel function), so a target below a floor shows up as one."""
+    (q, k, v), (qt, kt, vt) = _inputs(head_dim)
+    (qg, kg, vg), (qgt, kgt, vgt) = _inputs(head_dim, requires_grad=True)
+    do = torch.randn_like(q)
+    op = trivial_op()
+    add_compiled = torch.compile(lambda q, k: q + k, fullgraph=True)
+    sdpa_compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), fullgraph=True)
+    sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt)  # noqa: E731
+    cudnn = SDPBackend.CUDNN_ATTENTION
+    us = measure({
+        "add": (lambda: torch.add(q, k), None),
+        "trivial op": (lambda: op(q, k, v), None),
+        "cudnn": (sdpa, cudnn),
+        "add step": (lambda: torch.autograd.grad(torch.add(qg, kg), (qg, kg), do), None),
+        "cudnn step": (lambda: torch.autograd.grad(F.scaled_dot_product_attention(qgt, kgt, vgt), (qgt, kgt, vgt),
+                                                   do.transpose(1, 2)), cudnn),
+        "add compiled": (lambda: add_compiled(q, k), None),
+        "cudnn compiled": (lambda: sdpa_compiled(qt, kt, vt), cudnn),
+    }, calls)
+    return [
+        ("floor: torch.add (aten op)", us["add"], us["cudnn"]),
+        ("floor: trivial Python op", us["trivial op"], us["cudnn"]),
+        ("floor: torch.add step", us["add step"], us["cudnn step"]),
+        ("floor: torch.add, compiled", us["add compiled"], us["cudnn compiled"]),
+    ]
+
+
 FIRST_CALL_SCRIPT = f"""
 import time, torch
 q, k, v = (torch.randn(1, {TOKENS}, {HEADS}, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -173,6 +223,8 @@ def report(head_dim: int = 128, calls: int = 200) -> None:
         for name, us, cudnn_us in eager_rows(head_dim, causal, calls):
             print(f"{name:30s} {'causal' if causal else 'none':7s} {us:8.1f} {cudnn_us:14.1f} {us / cudnn_us:6.2f}",
                   flush=True)
+    for name, us, cudnn_us in floor_rows(head_dim, calls):
+        print(f"{name:30s} {'none':7s} {us:8.1f} {cudnn_us:14.1f} {us / cudnn_us:6.2f}", flush=True)
     print(f"first fa4 call in a fresh process (import + call + sync): {first_call_ms():.1f} ms "
           f"(target <= {FIRST_CALL_MS_MAX:.0f})")
     for name, verdict in sync_free_paths(head_dim):
