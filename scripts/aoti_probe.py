@@ -32,4 +32,7 @@ path = torch._inductor.aoti_compile_and_package(program, package_path=f"/tmp/fa4
 print("compiled", path, flush=True)
 model = torch._inductor.aoti_load_package(path)
 print("loaded", flush=True)
-print("equal:", torch.equal(model(q, k, v, cu), Model()(q, k, v, cu)), flush=True)
+got, want = model(q, k, v, cu), Model()(q, k, v, cu)
+# fa4's kernels give the eager bits; the plain model's generated kernels may round differently.
+same = torch.equal(got, want) if kind != "plain" else torch.allclose(got, want, atol=2e-2, rtol=2e-2)
+print("equal:", same, flush=True)
