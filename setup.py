@@ -5,6 +5,7 @@ kernels and the build driver (shipped as sources for JIT use, never imported at 
 The native library and its variant manifest land in ``fa4/_native/``.
 """
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -37,8 +38,19 @@ class BuildWithKernels(build_py):
             run_aot_build(Path(self.build_lib) / "fa4" / "_native", kernels)
 
 
+def glibc_needed(root: Path) -> tuple[int, int] | None:
+    """The newest glibc symbol version the native libraries under ``root`` reference (their
+    GLIBC_x.y version strings), or None if there are none."""
+    versions = [(int(major), int(minor)) for lib in root.rglob("*.so")
+                for major, minor in re.findall(rb"GLIBC_(\d+)\.(\d+)", lib.read_bytes())]
+    return max(versions) if versions else None
+
+
 class PlatformWheel(bdist_wheel):
-    """The wheel holds a native library (no CPython extension): py3-none-<platform>."""
+    """The wheel holds native libraries (no CPython extension): py3-none-<platform>, the platform
+    a manylinux tag for the newest glibc they need (the operators' library, built on glibc 2.34+,
+    needs 2.34: dlopen moved into libc there; its libstdc++ needs (GLIBCXX_3.4.29) are within that
+    policy), so installers on older systems refuse it instead of failing at import."""
 
     def finalize_options(self):
         super().finalize_options()
@@ -46,6 +58,9 @@ class PlatformWheel(bdist_wheel):
 
     def get_tag(self):
         _, _, plat = super().get_tag()
+        needed = glibc_needed(Path(self.bdist_dir))
+        if needed and plat.startswith("linux_"):
+            plat = f"manylinux_{needed[0]}_{needed[1]}_{plat.removeprefix('linux_')}"
         return "py3", "none", plat
 
 
