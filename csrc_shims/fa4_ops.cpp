@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -305,10 +306,25 @@ const char *dtype_name(ScalarType t) {
   }
 }
 
-std::string shape_text(const Tensor &t) {
+// A tuple of ints as Python prints it.
+std::string tuple_text(const std::vector<int64_t> &values) {
   std::string s = "(";
-  for (int64_t i = 0; i < t.dim(); i++) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + (t.dim() == 1 ? ",)" : ")");
+  for (size_t i = 0; i < values.size(); i++) s += (i ? ", " : "") + std::to_string(values[i]);
+  return s + (values.size() == 1 ? ",)" : ")");
+}
+
+std::string shape_text(const Tensor &t) { return tuple_text(shape_of(t)); }
+
+// A float as Python's repr prints it (shortest round-trip digits, "-1.0" not "-1"): the CPU path's
+// messages (fa4.validation) and these match word for word (tests/gpu/test_errors_gpu.py).
+std::string py_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof(buf), x);
+  std::string s(buf, result.ptr);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
 }
 
 // The rules of fa4.validation.check_qkv for CUDA tensors (rank given: 4 dense, 3 packed).
@@ -340,14 +356,17 @@ void check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, int64_t rank) 
   FA4_VALUE(!(k.size(o + 1) == 0 && q.size(o + 1) != 0), "k and v have 0 heads but q has some");
   FA4_VALUE(k.size(o + 1) == 0 || q.size(o + 1) % k.size(o + 1) == 0, "heads of q (", q.size(o + 1),
             ") must be a multiple of heads of k/v (", k.size(o + 1), ") (GQA/MQA)");
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 3; i++) {
+    auto strides = ts[i]->strides();
     FA4_VALUE(ts[i]->numel() == 0 || ts[i]->stride(rank - 1) == 1, names[i],
-              " must be contiguous in its last dimension (stride(-1) == 1). Call .contiguous() on it first.");
+              " must be contiguous in its last dimension (stride(-1) == 1); got strides ",
+              tuple_text(std::vector<int64_t>(strides.begin(), strides.end())), ". Call .contiguous() on it first.");
+  }
 }
 
 void check_scalars(double scale, double softcap) {
-  FA4_VALUE(std::isfinite(scale), "scale must be finite; got ", scale);
-  FA4_VALUE(softcap >= 0.0, "softcap must be >= 0 (0 disables it); got ", softcap);
+  FA4_VALUE(std::isfinite(scale), "scale must be finite; got ", py_float(scale));
+  FA4_VALUE(softcap >= 0.0, "softcap must be >= 0 (0 disables it); got ", py_float(softcap));
 }
 
 void check_pack_gqa(std::optional<bool> pack_gqa, int64_t heads_q, int64_t heads_kv) {
