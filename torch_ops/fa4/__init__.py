@@ -146,5 +146,8 @@ def _deterministic(requested: bool | None) -> bool:
 
 # FlashAttention-2's API (fa4.flash_attn_interface has FlashAttention-3's).
 from fa4.compat import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+# torch's FlexAttention API, with the masks and score_mods fa4's kernels read as data.
+from fa4 import masks, score_mods  # noqa: E402
+from fa4.flex import flex_attention  # noqa: E402
 
-__all__ += ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ += ["flash_attn_func", "flash_attn_varlen_func", "flex_attention", "masks", "score_mods"]

@@ -1,0 +1,178 @@
+"""fa4.flex_attention on the CPU path (float64): torch's flex_attention semantics, the masks and
+score_mods fa4 maps onto its kernels checked against a dense float64 formula (values and
+gradients), the rest falling back to torch's flex_attention with one warning per reason."""
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+import fa4
+from fa4 import flex, masks, score_mods
+
+
+def naive_flex(q, k, v, score_mod=None, mask_mod=None, scale=None, gqa=False):
+    """softmax(score_mod(q k^T * scale)) v over the keys mask_mod keeps, densely, in q's dtype;
+    rows that keep no key give 0 and LSE -inf (FlexAttention's convention)."""
+    hq = q.shape[1]
+    if gqa:
+        k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q @ k.transpose(-1, -2) * scale
+    idx = [torch.arange(n).view(*([1] * i), n, *([1] * (3 - i))) for i, n in enumerate(s.shape)]
+    if score_mod is not None:
+        s = score_mod(s, *idx)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(*idx).expand_as(s), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return p @ v, lse
+
+
+def inputs(b=2, hq=4, hkv=4, sq=37, sk=37, d=16, dv=16, grad=False):
+    make = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=grad)  # noqa: E731
+    return make(b, hq, sq, d), make(b, hkv, sk, d), make(b, hkv, sk, dv)
+
+
+def no_fallback(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback warns
+        return fn()
+
+
+# Windows whose shifted bottom-right form stays >= 0 at both lengths below (seqlen_k - seqlen_q:
+# 0 and -12): fa4's kernels run them (a fallback would warn: no_fallback).
+FAST_MASKS = {
+    "none": None,
+    "causal": masks.causal(),
+    "window": masks.sliding_window(15, 2),
+    "left only": masks.sliding_window(13, -1),
+    "causal and window": masks.and_masks(masks.causal(), masks.sliding_window(14, 3)),
+}
+
+
+@pytest.mark.parametrize("mask", list(FAST_MASKS))
+@pytest.mark.parametrize("lengths", [(37, 37), (41, 29)])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_fa4_masks_and_softcap_match_the_dense_formula(mask, lengths, softcap):
+    sq, sk = lengths
+    mask_mod = FAST_MASKS[mask]
+    score_mod = None if softcap is None else score_mods.softcap(softcap)
+    q, k, v = inputs(sq=sq, sk=sk, grad=True)
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
+    out, aux = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                      return_aux=AuxRequest(lse=True)))
+    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod)
+    assert out.shape == want.shape and aux.max_scores is None
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(aux.lse, want_lse, atol=1e-6, rtol=1e-6)  # fa4 keeps the LSE in fp32
+    g = torch.randn_like(want)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    expected = torch.autograd.grad(want, (q, k, v), g)
+    for a, e in zip(got, expected):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)  # the backward reads the fp32 LSE
+
+
+def test_matches_torch_flex_attention_with_gqa_and_scale():
+    q, k, v = inputs(hq=8, hkv=2, sq=33, sk=33)
+    block_mask = create_block_mask(masks.causal(), None, None, 33, 33, device="cpu")
+    got = no_fallback(lambda: fa4.flex_attention(q, k, v, block_mask=block_mask, scale=0.3, enable_gqa=True))
+    want = torch_flex(q, k, v, block_mask=block_mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_return_lse_as_torch_returns_it():
+    q, k, v = inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates return_lse
+        out, lse = fa4.flex_attention(q, k, v, return_lse=True)
+        want_out, want_lse = torch_flex(q, k, v, return_lse=True)
+    torch.testing.assert_close(out, want_out, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
+
+
+def _doc_ids(n):
+    return torch.tensor([i * 3 // n for i in range(n)])
+
+
+FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
+    "document": (lambda: masks.document(_doc_ids(37), causal=True), None, (37, 37), "Document"),
+    "prefix lm": (lambda: masks.prefix_lm(9), None, (37, 37), "PrefixLM"),
+    "union": (lambda: masks.or_masks(masks.causal(), masks.sliding_window(0, 4)), None, (37, 37), "Or"),
+    "custom mask": (lambda: (lambda b, h, q, kv: (q - kv) % 3 == 0), None, (37, 37), "custom mask_mod"),
+    "causal, fewer queries": (lambda: masks.causal(), None, (29, 41), "window"),
+    "alibi": (lambda: None, lambda: score_mods.alibi(torch.linspace(0.1, 0.8, 4, dtype=torch.float64)),
+              (37, 37), "Alibi"),
+    "relative bias": (lambda: masks.causal(), lambda: score_mods.relative_bias(
+        torch.randn(4, 2 * 37 - 1, dtype=torch.float64)), (37, 37), "RelativeBias"),
+    "bias": (lambda: None, lambda: score_mods.bias(torch.randn(37, 37, dtype=torch.float64)), (37, 37), "Bias"),
+    "custom score": (lambda: None, lambda: (lambda s, b, h, q, kv: s * 0.5), (37, 37), "custom score_mod"),
+}
+
+
+@pytest.mark.parametrize("case", list(FALLBACKS))
+def test_other_masks_and_score_mods_fall_back_to_torch_once(case, monkeypatch):
+    monkeypatch.setattr(flex, "_WARNED", set())
+    make_mask, make_score, (sq, sk), words = FALLBACKS[case]
+    mask_mod, score_mod = make_mask(), make_score and make_score()
+    q, k, v = inputs(sq=sq, sk=sk)
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
+    with pytest.warns(UserWarning, match=words):
+        out = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    want, _ = naive_flex(q, k, v, score_mod, mask_mod)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # warned once
+
+
+def test_window_alignment_maps_onto_the_bottom_right_window():
+    # top-left (left, right) = (5, 2) with seqlen_q 41, seqlen_k 29: fa4's window is shifted by
+    # seqlen_k - seqlen_q = -12: (5 - 12, 2 + 12): the left side would be negative.
+    assert isinstance(flex._fa4_plan(None, _block(masks.sliding_window(5, 2), 41, 29), None, 41, 29), str)
+    assert flex._fa4_plan(None, _block(masks.sliding_window(15, 2), 41, 29), None, 41, 29) == ((3, 14), None)
+    assert flex._fa4_plan(None, _block(masks.causal(), 41, 29), None, 41, 29) == ((-1, 12), None)
+    assert flex._fa4_plan(score_mods.softcap(2.0), None, None, 8, 8) == ((-1, -1), 2.0)
+
+
+def _block(mask_mod, sq, sk):
+    return create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
+
+
+def test_masks_are_plain_mask_mods():
+    """torch's create_block_mask and flex_attention take fa4's masks as they are."""
+    q, k, v = inputs(sq=40, sk=40)
+    mask_mod = masks.and_masks(masks.document(_doc_ids(40)), masks.sliding_window(8, 0))
+    out = torch_flex(q, k, v, block_mask=_block(mask_mod, 40, 40))
+    torch.testing.assert_close(out, naive_flex(q, k, v, None, mask_mod)[0], atol=1e-10, rtol=1e-10)
+
+
+def test_bad_arguments_are_refused():
+    q, k, v = inputs(hq=4, hkv=2)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        fa4.flex_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"made for \(seqlen_q, seqlen_k\) = \(16, 16\)"):
+        fa4.flex_attention(q, k, v, block_mask=_block(masks.causal(), 16, 16), enable_gqa=True)
+    with pytest.raises(ValueError, match="4-D"):
+        fa4.flex_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="sliding_window left"):
+        masks.sliding_window(-3, 0)
+    with pytest.raises(ValueError, match="softcap"):
+        score_mods.softcap(0.0)
+
+
+def test_compiles_without_graph_breaks_and_matches_eager():
+    q, k, v = inputs(sq=40, sk=40, grad=True)
+    block_mask = _block(masks.and_masks(masks.causal(), masks.sliding_window(9, 0)), 40, 40)
+
+    def step(q, k, v, block_mask):
+        return fa4.flex_attention(q, k, v, score_mod=score_mods.softcap(5.0), block_mask=block_mask)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k, v, block_mask)
+    want = step(q, k, v, block_mask)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    g = torch.randn_like(want)
+    for a, e in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, e, atol=1e-12, rtol=1e-12)

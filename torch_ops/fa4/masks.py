@@ -1,0 +1,173 @@
+"""Mask constructors for ``fa4.flex_attention`` that are also ordinary FlexAttention mask_mods.
+
+Each constructor returns a callable ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` with the
+semantics of torch's FlexAttention (indices from the top-left corner: query ``q_idx`` against key
+``kv_idx``), usable with ``torch.nn.attention.flex_attention.create_block_mask`` like any other.
+fa4 also reads them as data: ``causal()``, ``sliding_window(...)`` and their ``and_masks``
+intersections run fa4's compiled causal / local kernels (forward and backward) whenever the
+window fits the kernels' bottom-right-aligned window; the others (``document``, ``prefix_lm``,
+unions, any other mask_mod) run torch's flex_attention for now, with a one-time warning that
+says why (``fa4.flex``).
+
+    from fa4 import masks
+    block_mask = create_block_mask(masks.and_masks(masks.causal(), masks.sliding_window(1024, 0)),
+                                   None, None, L, L)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+UNBOUNDED = -1  # a window side without limit (fa4.attention's convention)
+
+
+class MaskMod:
+    """A FlexAttention mask_mod fa4 can inspect: subclasses hold the mask's parameters."""
+
+    def __call__(self, b, h, q_idx, kv_idx):  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Causal(MaskMod):
+    """Query i sees keys 0..i (top-left aligned, as torch's causal mask_mod)."""
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+
+@dataclass(frozen=True)
+class SlidingWindow(MaskMod):
+    """Query i sees keys i - left .. i + right (a side of -1: unbounded)."""
+
+    left: int
+    right: int
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        seen = torch.ones_like(q_idx >= kv_idx)
+        if self.left != UNBOUNDED:
+            seen = seen & (kv_idx >= q_idx - self.left)
+        if self.right != UNBOUNDED:
+            seen = seen & (kv_idx <= q_idx + self.right)
+        return seen
+
+
+@dataclass(frozen=True, eq=False)
+class Document(MaskMod):
+    """Query i sees key j of the same document: q_doc_ids[i] == kv_doc_ids[j] (and j <= i with
+    causal). Ids are per token (1-D, shared by the batch) or per batch row (2-D)."""
+
+    q_doc_ids: torch.Tensor
+    kv_doc_ids: torch.Tensor
+    causal: bool = False
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        q_doc = self.q_doc_ids[q_idx] if self.q_doc_ids.dim() == 1 else self.q_doc_ids[b, q_idx]
+        kv_doc = self.kv_doc_ids[kv_idx] if self.kv_doc_ids.dim() == 1 else self.kv_doc_ids[b, kv_idx]
+        same = q_doc == kv_doc
+        return same & (q_idx >= kv_idx) if self.causal else same
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixLM(MaskMod):
+    """Keys before prefix_len are seen by every query, the rest causally (prefix_len an int or a
+    (batch,) tensor)."""
+
+    prefix_len: int | torch.Tensor
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        prefix = self.prefix_len[b] if isinstance(self.prefix_len, torch.Tensor) else self.prefix_len
+        return (kv_idx < prefix) | (q_idx >= kv_idx)
+
+
+@dataclass(frozen=True)
+class And(MaskMod):
+    """Keys every part sees."""
+
+    parts: tuple
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        seen = self.parts[0](b, h, q_idx, kv_idx)
+        for part in self.parts[1:]:
+            seen = seen & part(b, h, q_idx, kv_idx)
+        return seen
+
+
+@dataclass(frozen=True)
+class Or(MaskMod):
+    """Keys any part sees."""
+
+    parts: tuple
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        seen = self.parts[0](b, h, q_idx, kv_idx)
+        for part in self.parts[1:]:
+            seen = seen | part(b, h, q_idx, kv_idx)
+        return seen
+
+
+def causal() -> Causal:
+    return Causal()
+
+
+def sliding_window(left: int, right: int = 0) -> SlidingWindow:
+    """Keys from ``left`` before to ``right`` after the query's own index (-1: unbounded)."""
+    for name, value in (("left", left), ("right", right)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < UNBOUNDED:
+            raise ValueError(f"sliding_window {name} must be an int >= 0, or -1 for unbounded; got {value!r}")
+    return SlidingWindow(left, right)
+
+
+def document(doc_ids: torch.Tensor, kv_doc_ids: torch.Tensor | None = None, *, causal: bool = False) -> Document:
+    """Attention within documents given a document id per token (``kv_doc_ids`` for the keys when
+    they differ from the queries'); ``causal`` also masks later keys."""
+    kv_doc_ids = doc_ids if kv_doc_ids is None else kv_doc_ids
+    for name, ids in (("doc_ids", doc_ids), ("kv_doc_ids", kv_doc_ids)):
+        if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.is_floating_point():
+            raise ValueError(f"{name} must be an integer tensor of shape (seqlen,) or (batch, seqlen)")
+    return Document(doc_ids, kv_doc_ids, bool(causal))
+
+
+def prefix_lm(prefix_len: int | torch.Tensor) -> PrefixLM:
+    return PrefixLM(prefix_len)
+
+
+def and_masks(*mask_mods) -> MaskMod:
+    """The intersection, as torch's ``and_masks`` (any mask_mods; fa4's stay inspectable)."""
+    _check_callables(mask_mods)
+    parts = tuple(p for m in mask_mods for p in (m.parts if isinstance(m, And) else (m,)))
+    return parts[0] if len(parts) == 1 else And(parts)
+
+
+def or_masks(*mask_mods) -> MaskMod:
+    """The union, as torch's ``or_masks``."""
+    _check_callables(mask_mods)
+    parts = tuple(p for m in mask_mods for p in (m.parts if isinstance(m, Or) else (m,)))
+    return parts[0] if len(parts) == 1 else Or(parts)
+
+
+def _check_callables(mask_mods) -> None:
+    if not mask_mods or not all(callable(m) for m in mask_mods):
+        raise ValueError(f"expected one or more callable mask_mods; got {mask_mods!r}")
+
+
+def top_left_window(mask) -> tuple[int, int] | None:
+    """The (left, right) sliding window (top-left aligned, -1 unbounded) a mask is, when it is
+    one: no mask, causal(), sliding_window() and intersections of them; None otherwise."""
+    if mask is None:
+        return UNBOUNDED, UNBOUNDED
+    if isinstance(mask, Causal):
+        return UNBOUNDED, 0
+    if isinstance(mask, SlidingWindow):
+        return mask.left, mask.right
+    if isinstance(mask, And):
+        left, right = UNBOUNDED, UNBOUNDED
+        for part in mask.parts:
+            window = top_left_window(part)
+            if window is None:
+                return None
+            left = window[0] if left == UNBOUNDED else (left if window[0] == UNBOUNDED else min(left, window[0]))
+            right = window[1] if right == UNBOUNDED else (right if window[1] == UNBOUNDED else min(right, window[1]))
+        return left, right
+    return None
