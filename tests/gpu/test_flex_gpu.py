@@ -59,12 +59,38 @@ def _naive_cuda(q, k, v, score_mod, mask_mod):
     return torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0) @ v, lse
 
 
-def test_a_document_mask_falls_back_to_torch():
-    doc_ids = torch.arange(300, device="cuda") // 100
+@pytest.mark.parametrize("causal", [False, True])
+def test_documents_run_fa4_packed_kernels(causal):
+    lengths = [700, 1, 333, 1000, 15]
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    mask_mod = masks.and_masks(masks.document(ids, causal=causal, device="cuda"), masks.sliding_window(300, -1))
+    n = sum(lengths)
+    q = torch.randn(1, 4, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 4, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    block_mask = create_block_mask(mask_mod, None, None, n, n, device="cuda")
+    dout = torch.randn_like(q)
+
+    def step():
+        out = fa4.flex_attention(q, k, v, block_mask=block_mask)
+        return out, torch.autograd.grad(out, (q, k, v), dout)
+
+    names = kernel_names(step)
+    assert any("fa4_kernelssm90fwd" in n for n in names) and any("fa4_kernelssm90bwd" in n for n in names), names
+    out, grads = step()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want, _ = _naive_cuda(q64, k64, v64, None, mask_mod)
+    want_grads = torch.autograd.grad(want, (q64, k64, v64), dout.double())
+    assert (out.double() - want).abs().max() <= 2e-2 * want.abs().max()
+    for got, ref in zip(grads, want_grads):
+        assert (got.double() - ref).abs().max() <= 3e-2 * ref.abs().max()
+
+
+def test_a_split_document_mask_falls_back_to_torch():
+    doc_ids = torch.arange(300, device="cuda") % 3  # every document in 100 runs: not packed sequences
     mask_mod = masks.document(doc_ids, causal=True)
     q, k, v = (torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.float32) for _ in range(3))
     block_mask = create_block_mask(mask_mod, None, None, 300, 300, device="cuda")
-    with pytest.warns(UserWarning, match="Document has no fa4 kernel"):
+    with pytest.warns(UserWarning, match="Document mask whose documents are not contiguous runs"):
         out = fa4.flex_attention(q, k, v, block_mask=block_mask)
     want, _ = _naive_cuda(q.double(), k.double(), v.double(), None, mask_mod)
     assert (out.double() - want).abs().max() <= 1e-3

@@ -97,7 +97,8 @@ def _doc_ids(n):
 
 
 FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
-    "document": (lambda: masks.document(_doc_ids(37), causal=True), None, (37, 37), "Document"),
+    "split documents": (lambda: masks.document(torch.arange(37) % 3, causal=True), None, (37, 37), "Document"),
+    "document cross ids": (lambda: masks.document(_doc_ids(37), _doc_ids(37).clone()), None, (37, 37), "Document"),
     "prefix lm": (lambda: masks.prefix_lm(9), None, (37, 37), "PrefixLM"),
     "union": (lambda: masks.or_masks(masks.causal(), masks.sliding_window(0, 4)), None, (37, 37), "Or"),
     "custom mask": (lambda: (lambda b, h, q, kv: (q - kv) % 3 == 0), None, (37, 37), "custom mask_mod"),
@@ -130,10 +131,10 @@ def test_other_masks_and_score_mods_fall_back_to_torch_once(case, monkeypatch):
 def test_window_alignment_maps_onto_the_bottom_right_window():
     # top-left (left, right) = (5, 2) with seqlen_q 41, seqlen_k 29: fa4's window is shifted by
     # seqlen_k - seqlen_q = -12: (5 - 12, 2 + 12): the left side would be negative.
-    assert isinstance(flex._fa4_plan(None, _block(masks.sliding_window(5, 2), 41, 29), None, 41, 29), str)
-    assert flex._fa4_plan(None, _block(masks.sliding_window(15, 2), 41, 29), None, 41, 29) == ((3, 14), None)
-    assert flex._fa4_plan(None, _block(masks.causal(), 41, 29), None, 41, 29) == ((-1, 12), None)
-    assert flex._fa4_plan(score_mods.softcap(2.0), None, None, 8, 8) == ((-1, -1), 2.0)
+    assert isinstance(flex._fa4_plan(None, _block(masks.sliding_window(5, 2), 41, 29), None, 1, 41, 29), str)
+    assert flex._fa4_plan(None, _block(masks.sliding_window(15, 2), 41, 29), None, 1, 41, 29) == ((3, 14), None, None)
+    assert flex._fa4_plan(None, _block(masks.causal(), 41, 29), None, 1, 41, 29) == ((-1, 12), None, None)
+    assert flex._fa4_plan(score_mods.softcap(2.0), None, None, 1, 8, 8) == ((-1, -1), 2.0, None)
 
 
 def _block(mask_mod, sq, sk):
@@ -171,6 +172,54 @@ def test_compiles_without_graph_breaks_and_matches_eager():
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     got = compiled(q, k, v, block_mask)
+    want = step(q, k, v, block_mask)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    g = torch.randn_like(want)
+    for a, e in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, e, atol=1e-12, rtol=1e-12)
+
+
+DOCUMENTS = {  # (ids, causal, other mask parts, score_mod)
+    "shared ids, causal": (lambda: torch.tensor([0] * 9 + [1] * 20 + [2] * 3 + [5] * 8), True, (), None),
+    "shared ids": (lambda: torch.tensor([0] * 9 + [1] * 20 + [2] * 3 + [5] * 8), False, (), None),
+    "per-row ids, window": (lambda: torch.stack([torch.tensor([0] * 30 + [1] * 10), torch.tensor([4] * 40)]), True,
+                            (masks.sliding_window(6, 0),), None),
+    "one token documents, softcap": (lambda: torch.arange(40) // 2, False, (), score_mods.softcap(4.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(DOCUMENTS))
+def test_contiguous_documents_run_packed_and_match_the_dense_formula(case):
+    make_ids, causal, rest, score_mod = DOCUMENTS[case]
+    doc = masks.document(make_ids(), causal=causal)
+    assert doc.packing is not None
+    mask_mod = masks.and_masks(doc, *rest)
+    q, k, v = inputs(b=2, hq=4, hkv=2, sq=40, sk=40, grad=True)
+    block_mask = _block(mask_mod, 40, 40)
+    out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                      enable_gqa=True, return_aux=AuxRequest(lse=True)))
+    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(lse.lse, want_lse, atol=1e-6, rtol=1e-6)
+    g = torch.randn_like(want)
+    for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
+def test_document_packing_offsets():
+    doc = masks.document(torch.tensor([3, 3, 7, 7, 7, 1]))
+    assert doc.packing.row_offsets.tolist() == [0, 2, 5, 6] and doc.packing.longest == 3
+    assert doc.packing.offsets(3, 6).tolist() == [0, 2, 5, 6, 8, 11, 12, 14, 17, 18]
+    rows = masks.document(torch.tensor([[0, 0, 1], [2, 2, 2]]))
+    assert rows.packing.row_offsets.tolist() == [0, 2, 3, 6] and rows.packing.batch_rows == 2
+    assert masks.document(torch.tensor([0, 1, 0])).packing is None  # document 0 in two runs
+
+
+def test_documents_compile_without_graph_breaks():
+    q, k, v = inputs(b=2, sq=40, sk=40, grad=True)
+    block_mask = _block(masks.document(torch.tensor([0] * 12 + [1] * 28), causal=True), 40, 40)
+    step = lambda q, k, v, bm: fa4.flex_attention(q, k, v, block_mask=bm)  # noqa: E731
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, block_mask)
     want = step(q, k, v, block_mask)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
     g = torch.randn_like(want)

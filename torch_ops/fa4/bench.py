@@ -5,6 +5,7 @@
     python -m fa4.bench --head-dims 192x128      # head_dim 192 for q/k, 128 for v
     python -m fa4.bench --backward            # forward + backward steps and the backward alone
     python -m fa4.bench --host                # host (CPU) time per call against SDPA (bench_host)
+    python -m fa4.bench --flex-docs 8         # document masks: fa4.flex_attention vs torch's Flex
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -330,6 +331,50 @@ def bench_varlen(args, dtype) -> None:
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
+def bench_flex_documents(args, dtype) -> None:
+    """Document masking through FlexAttention's API: ``fa4.flex_attention`` (fa4's packed-sequence
+    kernels) against torch's ``flex_attention`` compiled, one BlockMask of --flex-docs random-length
+    causal documents in --tokens tokens, forward and forward + backward (3.5x the forward's FLOPs);
+    TFLOP/s of useful work (within documents), the two taking turns in each round."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    gen = torch.Generator().manual_seed(0)
+    docs, tokens = args.flex_docs, args.tokens
+    cuts = torch.randperm(tokens - 1, generator=gen)[: docs - 1].add(1).sort().values
+    bounds = [0] + cuts.tolist() + [tokens]
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    ids = torch.repeat_interleave(torch.arange(docs), torch.tensor(lengths))
+    mask = fa4.masks.document(ids, causal=True, device="cuda")
+    block_mask = create_block_mask(mask, None, None, tokens, tokens, device="cuda")
+    print(f"\nFlexAttention, {docs} random-length causal documents in {tokens} tokens (fa4.masks.document): "
+          f"fa4.flex_attention vs torch flex_attention compiled, TFLOP/s")
+    for head_dim, head_dim_v in args.head_dims:
+        heads = args.hidden // head_dim
+        flops = sum(attention_flops(1, heads, n, head_dim, head_dim_v, causal=True) for n in lengths)
+        sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
+                      for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
+        dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
+        fns = {"fa4": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask),
+               "Flex": lambda q, k, v: compiled(q, k, v, block_mask=block_mask)}
+        cells = []
+        for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+            result = {}
+            for r in range(args.rounds):
+                for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                    fn = fns[name]
+                    if what == "fwd":
+                        call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
+                    else:
+                        call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
+                    result.setdefault(name, []).append(factor * flops / (time_ms(call, args.warmup, args.iters)
+                                                                          * 1e-3) / 1e12)
+            best = {name: statistics.median(v) for name, v in result.items()}  # over the rounds
+            cells.append(f"{what}: fa4 {best['fa4']:6.1f}  Flex {best['Flex']:6.1f}  ratio "
+                         f"{best['fa4'] / best['Flex']:.3f}")
+        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}  " + "  |  ".join(cells), flush=True)
+
+
 def bench_gqa_decode(args, dtype):
     """Short queries against a long KV cache with GQA (32 query heads on 8 K/V heads, hd128):
     pack-GQA stacks the 4 query heads of a K/V head in one tile. Memory-bound, so reported as
@@ -398,6 +443,9 @@ def main(argv=None):
                     help="back-to-back calls per timed sample (1: GPU time of calls whose host time is below "
                          "the ~2.5 ms GPU spin ahead of each sample, e.g. 1k-token training steps)")
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
+    ap.add_argument("--flex-docs", type=int, default=0,
+                    help="also time document masking through FlexAttention's API (this many random-length causal "
+                         "documents in --tokens): fa4.flex_attention against torch's flex_attention compiled")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
@@ -472,6 +520,8 @@ def main(argv=None):
                       flush=True)
     if args.varlen_docs:
         bench_varlen(args, dtype)
+    if args.flex_docs:
+        bench_flex_documents(args, dtype)
     if args.gqa_decode:
         bench_gqa_decode(args, dtype)
     if args.gemm:

@@ -14,6 +14,7 @@ are right either way, only the speed differs.
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -40,7 +41,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if block_mask is not None and tuple(block_mask.seq_lengths) != (sq, sk):
         raise ValueError(f"block_mask was made for (seqlen_q, seqlen_k) = {tuple(block_mask.seq_lengths)}; the "
                          f"inputs have ({sq}, {sk})")
-    plan = _fa4_plan(score_mod, block_mask, return_aux, sq, sk)
+    plan = _fa4_plan(score_mod, block_mask, return_aux, query.shape[0], sq, sk)
     if isinstance(plan, str):
         _warn_once(plan)
         from torch.nn.attention.flex_attention import flex_attention as torch_flex
@@ -48,16 +49,13 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         return torch_flex(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale,
                           enable_gqa=enable_gqa, return_lse=return_lse, kernel_options=kernel_options,
                           return_aux=return_aux)
-    window, softcap = plan
     want_lse = return_lse or (return_aux is not None and return_aux.lse)
-    import fa4
-
-    result = fa4.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale=scale,
-                           window=window, softcap=softcap, return_lse=want_lse)
-    out = (result[0] if want_lse else result).transpose(1, 2)
-    lse = None
-    if want_lse:  # fp32, as torch's for every dtype but float64 (the CPU path's), where it is float64
-        lse = result[1].to(torch.float64) if query.dtype == torch.float64 else result[1]
+    if plan.packing is None:
+        out, lse = _dense(query, key, value, plan, scale, want_lse)
+    else:
+        out, lse = _packed(query, key, value, plan, scale, want_lse)
+    if want_lse and query.dtype == torch.float64:  # fp32, as torch's for every dtype but float64
+        lse = lse.to(torch.float64)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
 
@@ -65,9 +63,44 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     return (out, lse) if return_lse else out
 
 
-def _fa4_plan(score_mod, block_mask, return_aux, sq, sk):
-    """((window_left, window_right), softcap) of the fa4.attention call that computes this
-    flex_attention call, or the reason there is none (a str)."""
+class _Plan(NamedTuple):
+    """The fa4 call that computes a flex_attention call."""
+
+    window: tuple[int, int]  # fa4's (left, right), aligned to the bottom-right corner
+    softcap: float | None
+    packing: masks.Packing | None = None  # documents as packed sequences: fa4.attention_varlen
+
+
+def _dense(query, key, value, plan: _Plan, scale, want_lse):
+    """fa4.attention on (B, S, H, D) views of the (B, H, S, D) inputs: (out, lse or None)."""
+    import fa4
+
+    result = fa4.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale=scale,
+                           window=plan.window, softcap=plan.softcap, return_lse=want_lse)
+    out, lse = result if want_lse else (result, None)
+    return out.transpose(1, 2), lse
+
+
+def _packed(query, key, value, plan: _Plan, scale, want_lse):
+    """fa4.attention_varlen over the documents, the batch rows laid end to end (a view for one
+    row, a copy for several): (out, lse or None) in flex_attention's layouts."""
+    import fa4
+
+    b, hq, s, _ = query.shape
+    pack = lambda t: t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3])  # noqa: E731
+    offsets = plan.packing.offsets(b, s)
+    # Compiled graphs take the bound every run meets (the whole row): no guard on the data's value.
+    longest = s if torch.compiler.is_compiling() else plan.packing.longest
+    result = fa4.attention_varlen(pack(query), pack(key), pack(value), offsets, offsets, longest, longest,
+                                  scale=scale, window=plan.window, softcap=plan.softcap, return_lse=want_lse)
+    out, lse = result if want_lse else (result, None)
+    out = out.reshape(b, s, hq, out.shape[-1]).transpose(1, 2)
+    return out, None if lse is None else lse.reshape(hq, b, s).transpose(0, 1)
+
+
+def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
+    """The fa4 call (_Plan) that computes this flex_attention call, or the reason there is none
+    (a str)."""
     if return_aux is not None and return_aux.max_scores:
         return "max_scores has no fa4 kernel"
     softcap = None
@@ -82,6 +115,9 @@ def _fa4_plan(score_mod, block_mask, return_aux, sq, sk):
         if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask":
             # The block data alone is the mask (BlockMask.from_kv_blocks): block sparsity.
             return "a BlockMask whose blocks are the mask (no mask_mod) has no fa4 kernel yet"
+    doc, mask_mod = masks.split_document(mask_mod)
+    if doc is not None:
+        return _document_plan(doc, mask_mod, softcap, batch, sq, sk)
     window = masks.top_left_window(mask_mod)
     if window is None:
         kind = type(mask_mod).__name__ if isinstance(mask_mod, masks.MaskMod) else "a custom mask_mod"
@@ -95,7 +131,23 @@ def _fa4_plan(score_mod, block_mask, return_aux, sq, sk):
     if (window[0] != masks.UNBOUNDED and left < 0) or (window[1] != masks.UNBOUNDED and right < 0):
         return (f"a window reaching past the diagonal fa4's kernels align to (seqlen_q {sq}, seqlen_k {sk}) has no "
                 f"fa4 kernel")
-    return (left, right), softcap
+    return _Plan((left, right), softcap)
+
+
+def _document_plan(doc: masks.Document, rest, softcap, batch, sq, sk):
+    """Documents as packed sequences (fa4.attention_varlen), within each a window from the other
+    parts (top-left and bottom-right alignment agree: a document's queries are its keys)."""
+    if doc.packing is None:
+        return "a Document mask whose documents are not contiguous runs shared by queries and keys has no fa4 kernel yet"
+    if sq != sk or doc.q_doc_ids.shape[-1] != sq:
+        return f"a Document mask over seqlen_q {sq} / seqlen_k {sk} (ids for {doc.q_doc_ids.shape[-1]}) has no fa4 kernel"
+    if doc.packing.batch_rows not in (None, batch):
+        raise ValueError(f"the Document mask's ids hold {doc.packing.batch_rows} batch rows; the inputs have {batch}")
+    window = masks.top_left_window(rest if not doc.causal else masks.and_masks(masks.causal(), *(
+        () if rest is None else (rest,))))
+    if window is None:
+        return f"a Document mask with {type(rest).__name__} has no fa4 kernel yet"
+    return _Plan(window, softcap, doc.packing)
 
 
 def _warn_once(reason: str) -> None:

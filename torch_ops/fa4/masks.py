@@ -53,14 +53,38 @@ class SlidingWindow(MaskMod):
         return seen
 
 
+@dataclass(frozen=True)
+class Packing:
+    """A document mask as packed sequences: each document one contiguous run of tokens.
+    row_offsets: int32 offsets of the runs of one batch row on the mask_mod's device ((runs + 1,),
+    from 0 to seqlen), shared by every row (1-D ids), or of all rows of the batch laid end to
+    end ((batch, seqlen) ids: from 0 to batch * seqlen); longest: the longest run."""
+
+    row_offsets: torch.Tensor
+    batch_rows: int | None  # rows the offsets cover ((batch, seqlen) ids), None: one row, shared
+    longest: int
+
+    def offsets(self, batch: int, seqlen: int) -> torch.Tensor:
+        """cu_seqlens of ``batch`` rows of ``seqlen`` tokens packed end to end (no host sync)."""
+        if self.batch_rows is not None or batch == 1:
+            return self.row_offsets
+        starts = self.row_offsets[:-1].unsqueeze(0) + seqlen * torch.arange(
+            batch, device=self.row_offsets.device, dtype=torch.int32).unsqueeze(1)
+        end = torch.full((1,), batch * seqlen, device=self.row_offsets.device, dtype=torch.int32)
+        return torch.cat([starts.reshape(-1), end])
+
+
 @dataclass(frozen=True, eq=False)
 class Document(MaskMod):
     """Query i sees key j of the same document: q_doc_ids[i] == kv_doc_ids[j] (and j <= i with
-    causal). Ids are per token (1-D, shared by the batch) or per batch row (2-D)."""
+    causal). Ids are per token (1-D, shared by the batch) or per batch row (2-D). ``packing``:
+    the documents as contiguous runs (fa4's packed-sequence kernels run the mask), or None where
+    they are not (queries and keys with their own ids, or a document split into several runs)."""
 
     q_doc_ids: torch.Tensor
     kv_doc_ids: torch.Tensor
     causal: bool = False
+    packing: Packing | None = None
 
     def __call__(self, b, h, q_idx, kv_idx):
         q_doc = self.q_doc_ids[q_idx] if self.q_doc_ids.dim() == 1 else self.q_doc_ids[b, q_idx]
@@ -119,14 +143,45 @@ def sliding_window(left: int, right: int = 0) -> SlidingWindow:
     return SlidingWindow(left, right)
 
 
-def document(doc_ids: torch.Tensor, kv_doc_ids: torch.Tensor | None = None, *, causal: bool = False) -> Document:
-    """Attention within documents given a document id per token (``kv_doc_ids`` for the keys when
-    they differ from the queries'); ``causal`` also masks later keys."""
+def document(doc_ids: torch.Tensor, kv_doc_ids: torch.Tensor | None = None, *, causal: bool = False,
+             device: torch.device | str | None = None) -> Document:
+    """Attention within documents given a document id per token, (seqlen,) shared by every batch
+    row or (batch, seqlen) (``kv_doc_ids`` for the keys when they differ from the queries');
+    ``causal`` also masks later keys. ``device``: where the mask_mod reads the ids (default: where
+    they are).
+
+    Where queries and keys share the ids and every document is one contiguous run of tokens (the
+    packed-sequence layout), fa4's packed-sequence kernels run the mask: the runs are found here,
+    once, reading the ids on the host (ids given on the CPU, with ``device="cuda"`` for the
+    mask_mod, cost no device sync)."""
     kv_doc_ids = doc_ids if kv_doc_ids is None else kv_doc_ids
     for name, ids in (("doc_ids", doc_ids), ("kv_doc_ids", kv_doc_ids)):
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.is_floating_point():
             raise ValueError(f"{name} must be an integer tensor of shape (seqlen,) or (batch, seqlen)")
-    return Document(doc_ids, kv_doc_ids, bool(causal))
+    packing = _packing(doc_ids, device or doc_ids.device) if kv_doc_ids is doc_ids else None
+    if device is not None:
+        same = kv_doc_ids is doc_ids
+        doc_ids = doc_ids.to(device)
+        kv_doc_ids = doc_ids if same else kv_doc_ids.to(device)
+    return Document(doc_ids, kv_doc_ids, bool(causal), packing)
+
+
+def _packing(doc_ids: torch.Tensor, device) -> Packing | None:
+    """The documents as contiguous runs (Packing), or None where a document id appears in more
+    than one run of a row."""
+    rows = doc_ids.detach().to("cpu", torch.int64)
+    rows = rows.unsqueeze(0) if rows.dim() == 1 else rows
+    seqlen = rows.shape[1]
+    offsets, longest = [0], 0
+    for r, row in enumerate(rows):
+        ids, counts = torch.unique_consecutive(row, return_counts=True)
+        if ids.numel() != torch.unique(ids).numel():
+            return None  # a document split into several runs
+        ends = (torch.cumsum(counts, 0) + r * seqlen).tolist()
+        offsets += ends
+        longest = max(longest, int(counts.max()) if counts.numel() else 0)
+    return Packing(torch.tensor(offsets, dtype=torch.int32, device=device),
+                   rows.shape[0] if doc_ids.dim() == 2 else None, longest)
 
 
 def prefix_lm(prefix_len: int | torch.Tensor) -> PrefixLM:
@@ -150,6 +205,19 @@ def or_masks(*mask_mods) -> MaskMod:
 def _check_callables(mask_mods) -> None:
     if not mask_mods or not all(callable(m) for m in mask_mods):
         raise ValueError(f"expected one or more callable mask_mods; got {mask_mods!r}")
+
+
+def split_document(mask) -> tuple[Document | None, MaskMod | None]:
+    """(the Document part, the rest) of a mask that is a Document or an intersection holding
+    one; (None, mask) otherwise."""
+    if isinstance(mask, Document):
+        return mask, None
+    if isinstance(mask, And):
+        docs = [p for p in mask.parts if isinstance(p, Document)]
+        if len(docs) == 1:
+            rest = tuple(p for p in mask.parts if p is not docs[0])
+            return docs[0], (rest[0] if len(rest) == 1 else And(rest))
+    return None, mask
 
 
 def top_left_window(mask) -> tuple[int, int] | None:
