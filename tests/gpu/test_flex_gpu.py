@@ -18,6 +18,7 @@ CASES = {
     "window, softcap": (masks.and_masks(masks.causal(), masks.sliding_window(200, 0)), score_mods.softcap(8.0),
                         (1000, 1000)),
     "causal, more queries": (masks.causal(), None, (777, 555)),
+    "prefix lm, softcap": (masks.prefix_lm(130), score_mods.softcap(8.0), (1000, 1000)),
 }
 
 

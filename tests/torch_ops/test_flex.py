@@ -99,7 +99,7 @@ def _doc_ids(n):
 FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
     "split documents": (lambda: masks.document(torch.arange(37) % 3, causal=True), None, (37, 37), "Document"),
     "document cross ids": (lambda: masks.document(_doc_ids(37), _doc_ids(37).clone()), None, (37, 37), "Document"),
-    "prefix lm": (lambda: masks.prefix_lm(9), None, (37, 37), "PrefixLM"),
+    "prefix lm per row": (lambda: masks.prefix_lm(torch.tensor([9, 3])), None, (37, 37), "PrefixLM"),
     "union": (lambda: masks.or_masks(masks.causal(), masks.sliding_window(0, 4)), None, (37, 37), "Or"),
     "custom mask": (lambda: (lambda b, h, q, kv: (q - kv) % 3 == 0), None, (37, 37), "custom mask_mod"),
     "causal, fewer queries": (lambda: masks.causal(), None, (29, 41), "window"),
@@ -132,9 +132,10 @@ def test_window_alignment_maps_onto_the_bottom_right_window():
     # top-left (left, right) = (5, 2) with seqlen_q 41, seqlen_k 29: fa4's window is shifted by
     # seqlen_k - seqlen_q = -12: (5 - 12, 2 + 12): the left side would be negative.
     assert isinstance(flex._fa4_plan(None, _block(masks.sliding_window(5, 2), 41, 29), None, 1, 41, 29), str)
-    assert flex._fa4_plan(None, _block(masks.sliding_window(15, 2), 41, 29), None, 1, 41, 29) == ((3, 14), None, None)
-    assert flex._fa4_plan(None, _block(masks.causal(), 41, 29), None, 1, 41, 29) == ((-1, 12), None, None)
-    assert flex._fa4_plan(score_mods.softcap(2.0), None, None, 1, 8, 8) == ((-1, -1), 2.0, None)
+    plan = flex._fa4_plan(None, _block(masks.sliding_window(15, 2), 41, 29), None, 1, 41, 29)
+    assert (plan.window, plan.softcap) == ((3, 14), None)
+    assert flex._fa4_plan(None, _block(masks.causal(), 41, 29), None, 1, 41, 29).window == (-1, 12)
+    assert flex._fa4_plan(score_mods.softcap(2.0), None, None, 1, 8, 8)[:2] == ((-1, -1), 2.0)
 
 
 def _block(mask_mod, sq, sk):
@@ -225,3 +226,20 @@ def test_documents_compile_without_graph_breaks():
     g = torch.randn_like(want)
     for a, e in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
         torch.testing.assert_close(a, e, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 9, 36, 50])
+@pytest.mark.parametrize("lengths", [(37, 37), (45, 37)])
+def test_prefix_lm_merges_two_calls_exactly(prefix, lengths):
+    sq, sk = lengths
+    mask_mod = masks.prefix_lm(prefix)
+    q, k, v = inputs(sq=sq, sk=sk, grad=True)
+    out, aux = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.softcap(6.0),
+                                                      block_mask=_block(mask_mod, sq, sk),
+                                                      return_aux=AuxRequest(lse=True)))
+    want, want_lse = naive_flex(q, k, v, score_mods.softcap(6.0), mask_mod)
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)  # merged through the fp32 LSEs
+    torch.testing.assert_close(aux.lse, want_lse, atol=1e-6, rtol=1e-6)
+    g = torch.randn_like(want)
+    for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)

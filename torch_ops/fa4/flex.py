@@ -4,12 +4,15 @@ fa4's compiled kernels where the mask and score_mod are ones fa4 reads as data.
 Today that is: no mask, ``fa4.masks.causal()`` / ``sliding_window()`` and their intersections
 (the block mask's ``mask_mod``; its block data is then not needed), whose top-left-aligned window
 maps onto fa4's bottom-right-aligned causal / local kernels (always when seqlen_q == seqlen_k;
-otherwise when the shifted window still has both sides >= 0), and ``fa4.score_mods.softcap(c)``;
-GQA/MQA with ``enable_gqa``; the LSE (``return_lse`` or ``return_aux=AuxRequest(lse=True)``);
-forward and backward, eager and under torch.compile. Every other combination (document and
-prefix-LM masks, unions, any other mask_mod or score_mod, ``max_scores``) runs torch's
-flex_attention with the same arguments after a one-time warning naming the reason: the results
-are right either way, only the speed differs.
+otherwise when the shifted window still has both sides >= 0); ``document()`` masks whose
+documents are contiguous runs, as packed sequences (fa4.attention_varlen), with a window too;
+``prefix_lm(n)`` with an int n, as two calls over disjoint keys merged by their LSEs; and
+``fa4.score_mods.softcap(c)`` with any of them. GQA/MQA with ``enable_gqa``; the LSE
+(``return_lse`` or ``return_aux=AuxRequest(lse=True)``); forward and backward, eager and under
+torch.compile. Every other combination (documents that are not contiguous runs, per-row prefix
+lengths, unions, any other mask_mod or score_mod, ``max_scores``) runs torch's flex_attention with
+the same arguments after a one-time warning naming the reason: the results are right either way,
+only the speed differs.
 """
 from __future__ import annotations
 
@@ -50,10 +53,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                           enable_gqa=enable_gqa, return_lse=return_lse, kernel_options=kernel_options,
                           return_aux=return_aux)
     want_lse = return_lse or (return_aux is not None and return_aux.lse)
-    if plan.packing is None:
-        out, lse = _dense(query, key, value, plan, scale, want_lse)
-    else:
+    if plan.packing is not None:
         out, lse = _packed(query, key, value, plan, scale, want_lse)
+    elif plan.prefix is not None:
+        out, lse = _prefixed(query, key, value, plan, scale)
+    else:
+        out, lse = _dense(query, key, value, plan.window, plan.softcap, scale, want_lse)
     if want_lse and query.dtype == torch.float64:  # fp32, as torch's for every dtype but float64
         lse = lse.to(torch.float64)
     if return_aux is not None:
@@ -69,16 +74,29 @@ class _Plan(NamedTuple):
     window: tuple[int, int]  # fa4's (left, right), aligned to the bottom-right corner
     softcap: float | None
     packing: masks.Packing | None = None  # documents as packed sequences: fa4.attention_varlen
+    prefix: int | None = None  # prefix-LM: keys before it unmasked, the rest under ``window``
 
 
-def _dense(query, key, value, plan: _Plan, scale, want_lse):
+def _dense(query, key, value, window, softcap, scale, want_lse):
     """fa4.attention on (B, S, H, D) views of the (B, H, S, D) inputs: (out, lse or None)."""
     import fa4
 
     result = fa4.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale=scale,
-                           window=plan.window, softcap=plan.softcap, return_lse=want_lse)
+                           window=window, softcap=softcap, return_lse=want_lse)
     out, lse = result if want_lse else (result, None)
     return out.transpose(1, 2), lse
+
+
+def _prefixed(query, key, value, plan: _Plan, scale):
+    """Prefix-LM as two fa4 calls over disjoint keys, merged by their LSEs (exact; the gradient
+    flows through both outputs and LSEs): the prefix's keys unmasked, the rest under the plan's
+    window (rows that see none of them give LSE -inf there, weight 0)."""
+    p = plan.prefix
+    out_a, lse_a = _dense(query, key[:, :, :p], value[:, :, :p], (-1, -1), plan.softcap, scale, True)
+    out_b, lse_b = _dense(query, key[:, :, p:], value[:, :, p:], plan.window, plan.softcap, scale, True)
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = out_a.float() * torch.exp(lse_a - lse).unsqueeze(-1) + out_b.float() * torch.exp(lse_b - lse).unsqueeze(-1)
+    return out.to(query.dtype), lse
 
 
 def _packed(query, key, value, plan: _Plan, scale, want_lse):
@@ -118,6 +136,17 @@ def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
     doc, mask_mod = masks.split_document(mask_mod)
     if doc is not None:
         return _document_plan(doc, mask_mod, softcap, batch, sq, sk)
+    if isinstance(mask_mod, masks.PrefixLM) and not isinstance(mask_mod.prefix_len, torch.Tensor):
+        prefix = int(mask_mod.prefix_len)
+        if prefix >= sk:
+            return _Plan((-1, -1), softcap)  # every key is in the prefix
+        if prefix > 0:
+            # The keys from the prefix on, causally: key p + j for query i when j <= i - p; aligned
+            # to the bottom-right corner of those sk - p keys, the window's right side is sq - sk.
+            if sq < sk:
+                return f"a prefix-LM mask with seqlen_q {sq} < seqlen_k {sk} has no fa4 kernel"
+            return _Plan((-1, sq - sk), softcap, prefix=prefix)
+        mask_mod = masks.causal()
     window = masks.top_left_window(mask_mod)
     if window is None:
         kind = type(mask_mod).__name__ if isinstance(mask_mod, masks.MaskMod) else "a custom mask_mod"

@@ -5,9 +5,10 @@ semantics of torch's FlexAttention (indices from the top-left corner: query ``q_
 ``kv_idx``), usable with ``torch.nn.attention.flex_attention.create_block_mask`` like any other.
 fa4 also reads them as data: ``causal()``, ``sliding_window(...)`` and their ``and_masks``
 intersections run fa4's compiled causal / local kernels (forward and backward) whenever the
-window fits the kernels' bottom-right-aligned window; the others (``document``, ``prefix_lm``,
-unions, any other mask_mod) run torch's flex_attention for now, with a one-time warning that
-says why (``fa4.flex``).
+window fits the kernels' bottom-right-aligned window; ``document(...)`` of contiguous runs runs
+its packed-sequence kernels and ``prefix_lm(n)`` two calls merged by their LSEs; the others
+(unions, split documents, per-row prefixes, any other mask_mod) run torch's flex_attention for
+now, with a one-time warning that says why (``fa4.flex``).
 
     from fa4 import masks
     block_mask = create_block_mask(masks.and_masks(masks.causal(), masks.sliding_window(1024, 0)),
