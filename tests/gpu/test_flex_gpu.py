@@ -34,13 +34,18 @@ def test_fa4_kernels_run_and_match_float64(case):
         out = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True)
         return out, torch.autograd.grad(out, (q, k, v), dout)
 
+    check_fa4_step(step, (q, k, v), dout, score_mod, mask_mod)
+
+
+def check_fa4_step(step, inputs, dout, score_mod, mask_mod):
+    """``step`` (a forward and its gradients) runs fa4's forward and backward kernels and lands
+    within bf16 error of the float64 formula."""
     names = kernel_names(step)
-    assert any("fa4_kernelssm90fwd" in n for n in names), names
-    assert any("fa4_kernelssm90bwd" in n for n in names), names
+    assert any("fa4_kernelssm90fwd" in n for n in names) and any("fa4_kernelssm90bwd" in n for n in names), names
     out, grads = step()
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    want, _ = _naive_cuda(q64, k64, v64, score_mod, mask_mod)
-    want_grads = torch.autograd.grad(want, (q64, k64, v64), dout.double())
+    exact = [t.detach().double().requires_grad_() for t in inputs]
+    want, _ = _naive_cuda(*exact, score_mod, mask_mod)
+    want_grads = torch.autograd.grad(want, exact, dout.double())
     assert (out.double() - want).abs().max() <= 2e-2 * want.abs().max()
     for got, ref in zip(grads, want_grads):
         assert (got.double() - ref).abs().max() <= 3e-2 * ref.abs().max()
@@ -75,15 +80,7 @@ def test_documents_run_fa4_packed_kernels(causal):
         out = fa4.flex_attention(q, k, v, block_mask=block_mask)
         return out, torch.autograd.grad(out, (q, k, v), dout)
 
-    names = kernel_names(step)
-    assert any("fa4_kernelssm90fwd" in n for n in names) and any("fa4_kernelssm90bwd" in n for n in names), names
-    out, grads = step()
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    want, _ = _naive_cuda(q64, k64, v64, None, mask_mod)
-    want_grads = torch.autograd.grad(want, (q64, k64, v64), dout.double())
-    assert (out.double() - want).abs().max() <= 2e-2 * want.abs().max()
-    for got, ref in zip(grads, want_grads):
-        assert (got.double() - ref).abs().max() <= 3e-2 * ref.abs().max()
+    check_fa4_step(step, (q, k, v), dout, None, mask_mod)
 
 
 def test_a_split_document_mask_falls_back_to_torch():

@@ -16,6 +16,8 @@ now, with a one-time warning that says why (``fa4.flex``).
 """
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -113,10 +115,7 @@ class And(MaskMod):
     parts: tuple
 
     def __call__(self, b, h, q_idx, kv_idx):
-        seen = self.parts[0](b, h, q_idx, kv_idx)
-        for part in self.parts[1:]:
-            seen = seen & part(b, h, q_idx, kv_idx)
-        return seen
+        return functools.reduce(operator.and_, (part(b, h, q_idx, kv_idx) for part in self.parts))
 
 
 @dataclass(frozen=True)
@@ -126,10 +125,7 @@ class Or(MaskMod):
     parts: tuple
 
     def __call__(self, b, h, q_idx, kv_idx):
-        seen = self.parts[0](b, h, q_idx, kv_idx)
-        for part in self.parts[1:]:
-            seen = seen | part(b, h, q_idx, kv_idx)
-        return seen
+        return functools.reduce(operator.or_, (part(b, h, q_idx, kv_idx) for part in self.parts))
 
 
 def causal() -> Causal:
@@ -191,16 +187,19 @@ def prefix_lm(prefix_len: int | torch.Tensor) -> PrefixLM:
 
 def and_masks(*mask_mods) -> MaskMod:
     """The intersection, as torch's ``and_masks`` (any mask_mods; fa4's stay inspectable)."""
-    _check_callables(mask_mods)
-    parts = tuple(p for m in mask_mods for p in (m.parts if isinstance(m, And) else (m,)))
-    return parts[0] if len(parts) == 1 else And(parts)
+    return _combine(And, mask_mods)
 
 
 def or_masks(*mask_mods) -> MaskMod:
     """The union, as torch's ``or_masks``."""
+    return _combine(Or, mask_mods)
+
+
+def _combine(kind, mask_mods) -> MaskMod:
+    """One ``kind`` (And or Or) of the mask_mods, nested ones of the same kind flattened."""
     _check_callables(mask_mods)
-    parts = tuple(p for m in mask_mods for p in (m.parts if isinstance(m, Or) else (m,)))
-    return parts[0] if len(parts) == 1 else Or(parts)
+    parts = tuple(p for m in mask_mods for p in (m.parts if isinstance(m, kind) else (m,)))
+    return parts[0] if len(parts) == 1 else kind(parts)
 
 
 def _check_callables(mask_mods) -> None:
