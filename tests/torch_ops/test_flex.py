@@ -209,7 +209,7 @@ def test_contiguous_documents_run_packed_and_match_the_dense_formula(case):
 
 def test_document_packing_offsets():
     doc = masks.document(torch.tensor([3, 3, 7, 7, 7, 1]))
-    assert doc.packing.row_offsets.tolist() == [0, 2, 5, 6] and doc.packing.longest == 3
+    assert doc.packing.row_offsets.tolist() == [0, 2, 5, 6] and (doc.packing.longest, doc.packing.longest_bucket) == (3, 4)
     assert doc.packing.offsets(3, 6).tolist() == [0, 2, 5, 6, 8, 11, 12, 14, 17, 18]
     rows = masks.document(torch.tensor([[0, 0, 1], [2, 2, 2]]))
     assert rows.packing.row_offsets.tolist() == [0, 2, 3, 6] and rows.packing.batch_rows == 2
@@ -243,3 +243,26 @@ def test_prefix_lm_merges_two_calls_exactly(prefix, lengths):
     g = torch.randn_like(want)
     for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
         torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
+def test_dynamic_compile_serves_every_length():
+    """torch.compile(dynamic=True) compiles once over sequence lengths: for a causal BlockMask, and
+    for documents whose longest run stays in one power-of-two bucket (the max_seqlen compiled
+    graphs pass; a new bucket compiles again)."""
+    import torch._dynamo.testing
+
+    def forward(q, k, v, block_mask):
+        return fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mods.softcap(5.0))
+
+    for name, make_mask in (("causal", lambda n: masks.causal()),
+                            ("document", lambda n: masks.document(torch.repeat_interleave(
+                                torch.arange(3), torch.tensor([n - 2 * (n // 5), n // 5, n // 5])), causal=True))):
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(forward, dynamic=True, fullgraph=True, backend=counter)
+        for n in (300, 333, 401, 420):  # the longest document: 180-252 tokens, the 256 bucket
+            q, k, v = inputs(b=1, hq=2, hkv=2, sq=n, sk=n)
+            block_mask = _block(make_mask(n), n, n)
+            torch.testing.assert_close(compiled(q, k, v, block_mask), forward(q, k, v, block_mask),
+                                       atol=1e-12, rtol=1e-12)
+        assert counter.frame_count == 1, name

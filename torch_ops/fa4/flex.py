@@ -107,8 +107,9 @@ def _packed(query, key, value, plan: _Plan, scale, want_lse):
     b, hq, s, _ = query.shape
     pack = lambda t: t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3])  # noqa: E731
     offsets = plan.packing.offsets(b, s)
-    # Compiled graphs take the bound every run meets (the whole row): no guard on the data's value.
-    longest = s if torch.compiler.is_compiling() else plan.packing.longest
+    # max_seqlen only sizes the grids (the kernels clamp it to the rows there are): compiled graphs
+    # take the power-of-two bucket, a constant that changes with few batches, not each longest.
+    longest = plan.packing.longest_bucket if torch.compiler.is_compiling() else plan.packing.longest
     result = fa4.attention_varlen(pack(query), pack(key), pack(value), offsets, offsets, longest, longest,
                                   scale=scale, window=plan.window, softcap=plan.softcap, return_lse=want_lse)
     out, lse = result if want_lse else (result, None)

@@ -66,6 +66,9 @@ class Packing:
     row_offsets: torch.Tensor
     batch_rows: int | None  # rows the offsets cover ((batch, seqlen) ids), None: one row, shared
     longest: int
+    # longest rounded up to a power of two: what compiled graphs pass as max_seqlen, so they are
+    # specialised on a handful of values rather than on every batch's longest document
+    longest_bucket: int
 
     def offsets(self, batch: int, seqlen: int) -> torch.Tensor:
         """cu_seqlens of ``batch`` rows of ``seqlen`` tokens packed end to end (no host sync)."""
@@ -178,7 +181,7 @@ def _packing(doc_ids: torch.Tensor, device) -> Packing | None:
         offsets += ends
         longest = max(longest, int(counts.max()) if counts.numel() else 0)
     return Packing(torch.tensor(offsets, dtype=torch.int32, device=device),
-                   rows.shape[0] if doc_ids.dim() == 2 else None, longest)
+                   rows.shape[0] if doc_ids.dim() == 2 else None, longest, 1 << max(longest - 1, 0).bit_length())
 
 
 def prefix_lm(prefix_len: int | torch.Tensor) -> PrefixLM:
