@@ -266,3 +266,26 @@ def test_dynamic_compile_serves_every_length():
             torch.testing.assert_close(compiled(q, k, v, block_mask), forward(q, k, v, block_mask),
                                        atol=1e-12, rtol=1e-12)
         assert counter.frame_count == 1, name
+
+
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64)])
+def test_block_sizes_do_not_change_results(block_size):
+    """fa4 reads the mask_mod, not the block data: any BlockMask block size gives the same result."""
+    q, k, v = inputs(sq=300, sk=300)
+    mask_mod = masks.and_masks(masks.document(torch.repeat_interleave(torch.arange(3), torch.tensor([100, 17, 183])),
+                                              causal=True), masks.sliding_window(50, 0))
+    block_mask = create_block_mask(mask_mod, None, None, 300, 300, device="cpu", BLOCK_SIZE=block_size)
+    got = no_fallback(lambda: fa4.flex_attention(q, k, v, block_mask=block_mask))
+    torch.testing.assert_close(got, naive_flex(q, k, v, None, mask_mod)[0], atol=1e-10, rtol=1e-10)
+
+
+def test_documents_match_attention_varlen():
+    lengths = [40, 1, 77, 12]
+    q, k, v = inputs(b=1, sq=130, sk=130)
+    block_mask = _block(masks.document(torch.repeat_interleave(torch.arange(4), torch.tensor(lengths)), causal=True),
+                        130, 130)
+    got = no_fallback(lambda: fa4.flex_attention(q, k, v, block_mask=block_mask))
+    cu = torch.tensor([0, 40, 41, 118, 130], dtype=torch.int32)
+    packed = [t[0].transpose(0, 1) for t in (q, k, v)]
+    want = fa4.attention_varlen(*packed, cu, cu, 77, 77, causal=True)
+    torch.testing.assert_close(got[0].transpose(0, 1), want, atol=0, rtol=0)
