@@ -209,7 +209,8 @@ def test_contiguous_documents_run_packed_and_match_the_dense_formula(case):
 
 def test_document_packing_offsets():
     doc = masks.document(torch.tensor([3, 3, 7, 7, 7, 1]))
-    assert doc.packing.row_offsets.tolist() == [0, 2, 5, 6] and (doc.packing.longest, doc.packing.longest_bucket) == (3, 4)
+    assert doc.packing.row_offsets.tolist() == [0, 2, 5, 6]
+    assert (doc.packing.longest, doc.packing.longest_bucket) == (3, 4)
     assert doc.packing.offsets(3, 6).tolist() == [0, 2, 5, 6, 8, 11, 12, 14, 17, 18]
     rows = masks.document(torch.tensor([[0, 0, 1], [2, 2, 2]]))
     assert rows.packing.row_offsets.tolist() == [0, 2, 3, 6] and rows.packing.batch_rows == 2

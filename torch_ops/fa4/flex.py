@@ -168,13 +168,16 @@ def _document_plan(doc: masks.Document, rest, softcap, batch, sq, sk):
     """Documents as packed sequences (fa4.attention_varlen), within each a window from the other
     parts (top-left and bottom-right alignment agree: a document's queries are its keys)."""
     if doc.packing is None:
-        return "a Document mask whose documents are not contiguous runs shared by queries and keys has no fa4 kernel yet"
+        return ("a Document mask whose documents are not contiguous runs shared by queries and keys has no fa4 "
+                "kernel yet")
     if sq != sk or doc.q_doc_ids.shape[-1] != sq:
-        return f"a Document mask over seqlen_q {sq} / seqlen_k {sk} (ids for {doc.q_doc_ids.shape[-1]}) has no fa4 kernel"
+        return (f"a Document mask over seqlen_q {sq} / seqlen_k {sk} (ids for {doc.q_doc_ids.shape[-1]}) has no fa4 "
+                f"kernel")
     if doc.packing.batch_rows not in (None, batch):
         raise ValueError(f"the Document mask's ids hold {doc.packing.batch_rows} batch rows; the inputs have {batch}")
-    window = masks.top_left_window(rest if not doc.causal else masks.and_masks(masks.causal(), *(
-        () if rest is None else (rest,))))
+    if doc.causal:
+        rest = masks.causal() if rest is None else masks.and_masks(masks.causal(), rest)
+    window = masks.top_left_window(rest)
     if window is None:
         return f"a Document mask with {type(rest).__name__} has no fa4 kernel yet"
     return _Plan(window, softcap, doc.packing)

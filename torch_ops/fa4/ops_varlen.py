@@ -13,6 +13,7 @@ from fa4.validation import check_pack_gqa, check_scalars, check_varlen, check_va
 
 _BWD_VARLEN = torch.ops.fa4.bwd_varlen.default
 
+
 def _prepare(q, k, v, cu_q, cu_k, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap,
              pack_gqa=None):
     check_varlen(q, k, v, cu_q, cu_k, used_k, max_q, max_k)
