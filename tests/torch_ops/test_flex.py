@@ -290,3 +290,18 @@ def test_documents_match_attention_varlen():
     packed = [t[0].transpose(0, 1) for t in (q, k, v)]
     want = fa4.attention_varlen(*packed, cu, cu, 77, 77, causal=True)
     torch.testing.assert_close(got[0].transpose(0, 1), want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("mask", ["causal and window", "document"])
+def test_gradcheck_float64_with_softcap(mask):
+    """Finite differences through fa4's paths (the reference backward on the CPU), softcap
+    included. Not prefix-LM: its merge weights come from the fp32 LSEs (fa4's contract), too coarse
+    for finite differences; test_prefix_lm_merges_two_calls_exactly checks its gradients."""
+    mask_mod = {"causal and window": masks.and_masks(masks.causal(), masks.sliding_window(3, 1)),
+                "document": masks.document(torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2]), causal=True)}[mask]
+    q, k, v = inputs(b=1, hq=2, hkv=1, sq=9, sk=9, d=8, dv=4, grad=True)
+    block_mask = _block(mask_mod, 9, 9)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.softcap(2.0),
+                                                               block_mask=block_mask, enable_gqa=True)),
+        (q, k, v), eps=1e-6, atol=1e-5)

@@ -95,7 +95,9 @@ def _prefixed(query, key, value, plan: _Plan, scale):
     out_a, lse_a = _dense(query, key[:, :, :p], value[:, :, :p], (-1, -1), plan.softcap, scale, True)
     out_b, lse_b = _dense(query, key[:, :, p:], value[:, :, p:], plan.window, plan.softcap, scale, True)
     lse = torch.logaddexp(lse_a, lse_b)
-    out = out_a.float() * torch.exp(lse_a - lse).unsqueeze(-1) + out_b.float() * torch.exp(lse_b - lse).unsqueeze(-1)
+    acc = torch.promote_types(query.dtype, torch.float32)  # the sum in fp32 at least
+    weight_a, weight_b = (torch.exp(x - lse).unsqueeze(-1).to(acc) for x in (lse_a, lse_b))
+    out = out_a.to(acc) * weight_a + out_b.to(acc) * weight_b
     return out.to(query.dtype), lse
 
 
