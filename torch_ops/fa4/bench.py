@@ -5,7 +5,7 @@
     python -m fa4.bench --head-dims 192x128      # head_dim 192 for q/k, 128 for v
     python -m fa4.bench --backward            # forward + backward steps and the backward alone
     python -m fa4.bench --host                # host (CPU) time per call against SDPA (bench_host)
-    python -m fa4.bench --flex-docs 8         # document masks: fa4.flex_attention vs torch's Flex
+    python -m fa4.bench --flex-docs 8         # documents and a window through FlexAttention's API
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -332,58 +332,80 @@ def bench_varlen(args, dtype) -> None:
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
-def bench_flex_documents(args, dtype) -> None:
-    """Document masking through FlexAttention's API: ``fa4.flex_attention`` (fa4's packed-sequence
-    kernels) against torch's ``flex_attention`` compiled, one BlockMask of --flex-docs random-length
-    causal documents in --tokens tokens, forward and forward + backward (3.5x the forward's FLOPs);
-    TFLOP/s of useful work (within documents), the two taking turns in each round."""
+def bench_flex_masks(args, dtype) -> None:
+    """Masks through FlexAttention's API, one BlockMask each: --flex-docs random-length causal
+    documents in --tokens tokens (``fa4.masks.document``) and a causal 1024-key sliding window over
+    them (``fa4.masks.sliding_window``). Providers: ``fa4.flex_attention``, fa4's own API for the
+    same mask (``attention_varlen`` / ``attention(window=...)``: the flex path should cost nothing
+    over it) and torch's ``flex_attention`` compiled; forward and forward + backward (3.5x the
+    forward's FLOPs), TFLOP/s of useful work, the providers taking turns in each round. The
+    document mask's preparation time is printed beside it."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention)
     gen = torch.Generator().manual_seed(0)
-    docs, tokens = args.flex_docs, args.tokens
+    docs, tokens, window = args.flex_docs, args.tokens, 1024
     cuts = torch.randperm(tokens - 1, generator=gen)[: docs - 1].add(1).sort().values
     bounds = [0] + cuts.tolist() + [tokens]
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     ids = torch.repeat_interleave(torch.arange(docs), torch.tensor(lengths))
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
 
     def prepare():
         mask = fa4.masks.document(ids, causal=True, device="cuda")  # the runs: read on the host, CPU ids
-        return mask, create_block_mask(mask, None, None, tokens, tokens, device="cuda")
+        return create_block_mask(mask, None, None, tokens, tokens, device="cuda")
 
     prepare()  # warm-up
     torch.cuda.synchronize()
     start = time.perf_counter()
-    mask, block_mask = prepare()
+    documents = prepare()
     torch.cuda.synchronize()
     prepare_ms = (time.perf_counter() - start) * 1e3
-    print(f"\nFlexAttention, {docs} random-length causal documents in {tokens} tokens (fa4.masks.document): "
-          f"fa4.flex_attention vs torch flex_attention compiled, TFLOP/s; mask preparation (fa4.masks.document "
-          f"from CPU ids + create_block_mask, synchronised): {prepare_ms:.2f} ms")
+    windowed = create_block_mask(fa4.masks.and_masks(fa4.masks.causal(), fa4.masks.sliding_window(window, 0)),
+                                 None, None, tokens, tokens, device="cuda")
+    # (1, H, S, D) -> (S, H, D), a view whose backward is a view too (indexing t[0] would make
+    # autograd zero-fill and copy each gradient: ~15% of the step in this benchmark)
+    packed = lambda t: t.transpose(1, 2).reshape(tokens, t.shape[1], t.shape[3])  # noqa: E731
+    longest = max(lengths)
+    cases = {  # name: (block mask, fa4's own API on (B, H, S, D) inputs, visible (query, key) pairs)
+        f"{docs} causal documents": (documents, lambda q, k, v: fa4.attention_varlen(
+            packed(q), packed(k), packed(v), cu, cu, longest, longest, causal=True),
+            sum(n * (n + 1) // 2 for n in lengths)),
+        f"causal window {window}": (windowed, lambda q, k, v: fa4.attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window=(window, 0)),
+            visible_pairs(tokens, tokens, window, 0)),
+    }
+    print(f"\nFlexAttention's API, {tokens} tokens: fa4.flex_attention, fa4's own API, torch flex_attention "
+          f"compiled; TFLOP/s of useful work. Document mask preparation (fa4.masks.document from CPU ids + "
+          f"create_block_mask, synchronised): {prepare_ms:.2f} ms")
     for head_dim, head_dim_v in args.head_dims:
         heads = args.hidden // head_dim
-        flops = sum(attention_flops(1, heads, n, head_dim, head_dim_v, causal=True) for n in lengths)
         sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
                       for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
         dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
-        fns = {"fa4": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask),
-               "Flex": lambda q, k, v: compiled(q, k, v, block_mask=block_mask)}
-        cells = []
-        for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
-            result = {}
-            for r in range(args.rounds):
-                for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                    fn = fns[name]
-                    if what == "fwd":
-                        call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
-                    else:
-                        call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
-                    result.setdefault(name, []).append(factor * flops / (time_ms(call, args.warmup, args.iters)
-                                                                          * 1e-3) / 1e12)
-            best = {name: statistics.median(v) for name, v in result.items()}  # over the rounds
-            cells.append(f"{what}: fa4 {best['fa4']:6.1f}  Flex {best['Flex']:6.1f}  ratio "
-                         f"{best['fa4'] / best['Flex']:.3f}")
-        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}  " + "  |  ".join(cells), flush=True)
+        for case, (block_mask, own, pairs) in cases.items():
+            flops = 2 * heads * pairs * (head_dim + head_dim_v)
+            fns = {"fa4.flex": lambda q, k, v, bm=block_mask: fa4.flex_attention(q, k, v, block_mask=bm),
+                   "fa4": lambda q, k, v, own=own: own(q, k, v).reshape(1, tokens, heads, -1).transpose(1, 2),
+                   "Flex": lambda q, k, v, bm=block_mask: compiled(q, k, v, block_mask=bm)}
+            cells = []
+            for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+                result = {}
+                for r in range(args.rounds):
+                    order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
+                    for name in order:
+                        fn = fns[name]
+                        if what == "fwd":
+                            call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
+                        else:
+                            call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
+                        ms = time_ms(call, args.warmup, args.iters)
+                        result.setdefault(name, []).append(factor * flops / (ms * 1e-3) / 1e12)
+                med = {name: statistics.median(v) for name, v in result.items()}  # over the rounds
+                cells.append(f"{what}: " + "  ".join(f"{n} {t:6.1f}" for n, t in med.items())
+                             + f"  flex/own {med['fa4.flex'] / med['fa4']:.3f}  fa4.flex/Flex "
+                               f"{med['fa4.flex'] / med['Flex']:.3f}")
+            print(f"hd={head_dim_label(head_dim, head_dim_v):>3s} {case}:\n  " + "\n  ".join(cells), flush=True)
 
 
 def bench_gqa_decode(args, dtype):
@@ -455,8 +477,9 @@ def main(argv=None):
                          "the ~2.5 ms GPU spin ahead of each sample, e.g. 1k-token training steps)")
     ap.add_argument("--flex", action="store_true", help="also time FlexAttention (torch.compile)")
     ap.add_argument("--flex-docs", type=int, default=0,
-                    help="also time document masking through FlexAttention's API (this many random-length causal "
-                         "documents in --tokens): fa4.flex_attention against torch's flex_attention compiled")
+                    help="also time masks through FlexAttention's API: this many random-length causal documents "
+                         "in --tokens, and a causal 1024-key window (fa4.flex_attention, fa4's own API, torch's "
+                         "flex_attention compiled)")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
@@ -532,7 +555,7 @@ def main(argv=None):
     if args.varlen_docs:
         bench_varlen(args, dtype)
     if args.flex_docs:
-        bench_flex_documents(args, dtype)
+        bench_flex_masks(args, dtype)
     if args.gqa_decode:
         bench_gqa_decode(args, dtype)
     if args.gemm:
