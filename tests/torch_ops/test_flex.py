@@ -98,7 +98,10 @@ def _doc_ids(n):
 
 FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
     "split documents": (lambda: masks.document(torch.arange(37) % 3, causal=True), None, (37, 37), "Document"),
-    "document cross ids": (lambda: masks.document(_doc_ids(37), _doc_ids(37).clone()), None, (37, 37), "Document"),
+    "document cross ids, causal": (lambda: masks.document(_doc_ids(37), _doc_ids(37).clone(), causal=True), None,
+                                   (37, 37), "Document"),
+    "document cross ids, other order": (lambda: masks.document(_doc_ids(37), _doc_ids(37).flip(0)), None, (37, 37),
+                                        "Document"),
     "prefix lm per row": (lambda: masks.prefix_lm(torch.tensor([9, 3])), None, (37, 37), "PrefixLM"),
     "union": (lambda: masks.or_masks(masks.causal(), masks.sliding_window(0, 4)), None, (37, 37), "Or"),
     "custom mask": (lambda: (lambda b, h, q, kv: (q - kv) % 3 == 0), None, (37, 37), "custom mask_mod"),
@@ -305,3 +308,25 @@ def test_gradcheck_float64_with_softcap(mask):
         lambda q, k, v: no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.softcap(2.0),
                                                                block_mask=block_mask, enable_gqa=True)),
         (q, k, v), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_cross_attention_documents_run_packed(rows):
+    """Queries and keys with their own ids (packed encoder-decoder batches), the same documents
+    in the same order: fa4's packed-sequence kernels with separate query and key offsets."""
+    q_ids = torch.tensor([0] * 5 + [3] * 9 + [7] * 2)
+    kv_ids = torch.tensor([0] * 11 + [3] * 4 + [7] * 8)
+    if rows == 2:
+        q_ids = torch.stack([q_ids, torch.tensor([1] * 16)])
+        kv_ids = torch.stack([kv_ids, torch.tensor([1] * 23)])
+    mask_mod = masks.document(q_ids, kv_ids)
+    assert mask_mod.kv_packing is not None and mask_mod.kv_packing is not mask_mod.packing
+    q, k, v = inputs(b=2, hq=4, hkv=2, sq=16, sk=23, grad=True)
+    out, aux = no_fallback(lambda: fa4.flex_attention(q, k, v, block_mask=_block(mask_mod, 16, 23), enable_gqa=True,
+                                                      return_aux=AuxRequest(lse=True)))
+    want, want_lse = naive_flex(q, k, v, None, mask_mod, gqa=True)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(aux.lse, want_lse, atol=1e-6, rtol=1e-6)
+    g = torch.randn_like(want)
+    for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)

@@ -5,7 +5,8 @@ Today that is: no mask, ``fa4.masks.causal()`` / ``sliding_window()`` and their 
 (the block mask's ``mask_mod``; its block data is then not needed), whose top-left-aligned window
 maps onto fa4's bottom-right-aligned causal / local kernels (always when seqlen_q == seqlen_k;
 otherwise when the shifted window still has both sides >= 0); ``document()`` masks whose
-documents are contiguous runs, as packed sequences (fa4.attention_varlen), with a window too;
+documents are contiguous runs, as packed sequences (fa4.attention_varlen), with a window too (or,
+with separate key ids, the same documents in the same order, without one);
 ``prefix_lm(n)`` with an int n, as two calls over disjoint keys merged by their LSEs; and
 ``fa4.score_mods.softcap(c)`` with any of them. GQA/MQA with ``enable_gqa``; the LSE
 (``return_lse`` or ``return_aux=AuxRequest(lse=True)``); forward and backward, eager and under
@@ -74,6 +75,7 @@ class _Plan(NamedTuple):
     window: tuple[int, int]  # fa4's (left, right), aligned to the bottom-right corner
     softcap: float | None
     packing: masks.Packing | None = None  # documents as packed sequences: fa4.attention_varlen
+    kv_packing: masks.Packing | None = None  # the keys' (packing's when queries and keys share ids)
     prefix: int | None = None  # prefix-LM: keys before it unmasked, the rest under ``window``
 
 
@@ -106,17 +108,19 @@ def _packed(query, key, value, plan: _Plan, scale, want_lse):
     row, a copy for several): (out, lse or None) in flex_attention's layouts."""
     import fa4
 
-    b, hq, s, _ = query.shape
-    pack = lambda t: t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3])  # noqa: E731
-    offsets = plan.packing.offsets(b, s)
+    b, hq, sq, _ = query.shape
+    sk = key.shape[2]
+    pack = lambda t: t.transpose(1, 2).reshape(b * t.shape[2], t.shape[1], t.shape[3])  # noqa: E731
     # max_seqlen only sizes the grids (the kernels clamp it to the rows there are): compiled graphs
     # take the power-of-two bucket, a constant that changes with few batches, not each longest.
-    longest = plan.packing.longest_bucket if torch.compiler.is_compiling() else plan.packing.longest
-    result = fa4.attention_varlen(pack(query), pack(key), pack(value), offsets, offsets, longest, longest,
-                                  scale=scale, window=plan.window, softcap=plan.softcap, return_lse=want_lse)
+    compiling = torch.compiler.is_compiling()
+    longest_q, longest_k = ((p.longest_bucket if compiling else p.longest) for p in (plan.packing, plan.kv_packing))
+    result = fa4.attention_varlen(pack(query), pack(key), pack(value), plan.packing.offsets(b, sq),
+                                  plan.kv_packing.offsets(b, sk), longest_q, longest_k, scale=scale,
+                                  window=plan.window, softcap=plan.softcap, return_lse=want_lse)
     out, lse = result if want_lse else (result, None)
-    out = out.reshape(b, s, hq, out.shape[-1]).transpose(1, 2)
-    return out, None if lse is None else lse.reshape(hq, b, s).transpose(0, 1)
+    out = out.reshape(b, sq, hq, out.shape[-1]).transpose(1, 2)
+    return out, None if lse is None else lse.reshape(hq, b, sq).transpose(0, 1)
 
 
 def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
@@ -168,21 +172,26 @@ def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
 
 def _document_plan(doc: masks.Document, rest, softcap, batch, sq, sk):
     """Documents as packed sequences (fa4.attention_varlen), within each a window from the other
-    parts (top-left and bottom-right alignment agree: a document's queries are its keys)."""
+    parts when queries and keys share the ids (top-left and bottom-right alignment agree: a
+    document's queries are its keys)."""
     if doc.packing is None:
-        return ("a Document mask whose documents are not contiguous runs shared by queries and keys has no fa4 "
-                "kernel yet")
-    if sq != sk or doc.q_doc_ids.shape[-1] != sq:
-        return (f"a Document mask over seqlen_q {sq} / seqlen_k {sk} (ids for {doc.q_doc_ids.shape[-1]}) has no fa4 "
-                f"kernel")
+        return ("a Document mask whose documents are not contiguous runs, paired between queries and keys, has no "
+                "fa4 kernel yet")
+    if doc.q_doc_ids.shape[-1] != sq or doc.kv_doc_ids.shape[-1] != sk:
+        return (f"a Document mask with ids for ({doc.q_doc_ids.shape[-1]}, {doc.kv_doc_ids.shape[-1]}) tokens over "
+                f"seqlen_q {sq} / seqlen_k {sk} has no fa4 kernel")
     if doc.packing.batch_rows not in (None, batch):
         raise ValueError(f"the Document mask's ids hold {doc.packing.batch_rows} batch rows; the inputs have {batch}")
+    if doc.kv_packing is not doc.packing:  # cross-attention ids: no window within the documents
+        if rest is not None:
+            return f"a Document mask with separate key ids and {type(rest).__name__} has no fa4 kernel yet"
+        return _Plan((-1, -1), softcap, doc.packing, doc.kv_packing)
     if doc.causal:
         rest = masks.causal() if rest is None else masks.and_masks(masks.causal(), rest)
     window = masks.top_left_window(rest)
     if window is None:
         return f"a Document mask with {type(rest).__name__} has no fa4 kernel yet"
-    return _Plan(window, softcap, doc.packing)
+    return _Plan(window, softcap, doc.packing, doc.packing)
 
 
 def _warn_once(reason: str) -> None:

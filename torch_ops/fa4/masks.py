@@ -83,14 +83,16 @@ class Packing:
 @dataclass(frozen=True, eq=False)
 class Document(MaskMod):
     """Query i sees key j of the same document: q_doc_ids[i] == kv_doc_ids[j] (and j <= i with
-    causal). Ids are per token (1-D, shared by the batch) or per batch row (2-D). ``packing``:
-    the documents as contiguous runs (fa4's packed-sequence kernels run the mask), or None where
-    they are not (queries and keys with their own ids, or a document split into several runs)."""
+    causal). Ids are per token (1-D, shared by the batch) or per batch row (2-D). ``packing`` /
+    ``kv_packing``: the documents as contiguous runs (fa4's packed-sequence kernels run the mask),
+    or None where they are not (a document split into several runs, or query and key runs that
+    do not pair up)."""
 
     q_doc_ids: torch.Tensor
     kv_doc_ids: torch.Tensor
     causal: bool = False
-    packing: Packing | None = None
+    packing: Packing | None = None  # the queries' runs
+    kv_packing: Packing | None = None  # the keys' runs (the same object when the ids are)
 
     def __call__(self, b, h, q_idx, kv_idx):
         q_doc = self.q_doc_ids[q_idx] if self.q_doc_ids.dim() == 1 else self.q_doc_ids[b, q_idx]
@@ -150,38 +152,52 @@ def document(doc_ids: torch.Tensor, kv_doc_ids: torch.Tensor | None = None, *, c
     ``causal`` also masks later keys. ``device``: where the mask_mod reads the ids (default: where
     they are).
 
-    Where queries and keys share the ids and every document is one contiguous run of tokens (the
-    packed-sequence layout), fa4's packed-sequence kernels run the mask: the runs are found here,
-    once, reading the ids on the host (ids given on the CPU, with ``device="cuda"`` for the
-    mask_mod, cost no device sync)."""
-    kv_doc_ids = doc_ids if kv_doc_ids is None else kv_doc_ids
+    Where every document is one contiguous run of tokens (the packed-sequence layout), fa4's
+    packed-sequence kernels run the mask: the runs are found here, once, reading the ids on the
+    host (ids given on the CPU, with ``device="cuda"`` for the mask_mod, cost no device sync).
+    With separate key ids, the queries' and the keys' runs must hold the same documents in the
+    same order (packed encoder-decoder batches), without ``causal``."""
+    same = kv_doc_ids is None or kv_doc_ids is doc_ids
+    kv_doc_ids = doc_ids if same else kv_doc_ids
     for name, ids in (("doc_ids", doc_ids), ("kv_doc_ids", kv_doc_ids)):
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.is_floating_point():
             raise ValueError(f"{name} must be an integer tensor of shape (seqlen,) or (batch, seqlen)")
-    packing = _packing(doc_ids, device or doc_ids.device) if kv_doc_ids is doc_ids else None
+    target = device or doc_ids.device
+    q_runs = _runs(doc_ids)
+    kv_runs = q_runs if same else _runs(kv_doc_ids)
+    packing = kv_packing = None
+    if q_runs is not None and kv_runs is not None and (same or (
+            doc_ids.dim() == kv_doc_ids.dim() and not causal and [ids for ids, _ in q_runs] == [ids for ids, _ in kv_runs])):
+        packing = _packing(q_runs, doc_ids, target)
+        kv_packing = packing if same else _packing(kv_runs, kv_doc_ids, target)
     if device is not None:
-        same = kv_doc_ids is doc_ids
         doc_ids = doc_ids.to(device)
         kv_doc_ids = doc_ids if same else kv_doc_ids.to(device)
-    return Document(doc_ids, kv_doc_ids, bool(causal), packing)
+    return Document(doc_ids, kv_doc_ids, bool(causal), packing, kv_packing)
 
 
-def _packing(doc_ids: torch.Tensor, device) -> Packing | None:
-    """The documents as contiguous runs (Packing), or None where a document id appears in more
-    than one run of a row."""
+def _runs(doc_ids: torch.Tensor) -> list[tuple[list[int], list[int]]] | None:
+    """Per batch row, the (ids, lengths) of its runs of equal ids; None where a document id
+    appears in more than one run of a row."""
     rows = doc_ids.detach().to("cpu", torch.int64)
-    rows = rows.unsqueeze(0) if rows.dim() == 1 else rows
-    seqlen = rows.shape[1]
-    offsets, longest = [0], 0
-    for r, row in enumerate(rows):
+    runs = []
+    for row in rows.unsqueeze(0) if rows.dim() == 1 else rows:
         ids, counts = torch.unique_consecutive(row, return_counts=True)
         if ids.numel() != torch.unique(ids).numel():
             return None  # a document split into several runs
-        ends = (torch.cumsum(counts, 0) + r * seqlen).tolist()
-        offsets += ends
-        longest = max(longest, int(counts.max()) if counts.numel() else 0)
+        runs.append((ids.tolist(), counts.tolist()))
+    return runs
+
+
+def _packing(runs, doc_ids: torch.Tensor, device) -> Packing:
+    """The Packing of a row's (or every row's) runs, rows laid end to end."""
+    offsets, longest = [0], 0
+    for _, counts in runs:
+        for count in counts:  # a row's runs add up to seqlen: the next row starts at (r + 1) * seqlen
+            offsets.append(offsets[-1] + count)
+        longest = max([longest] + counts)
     return Packing(torch.tensor(offsets, dtype=torch.int32, device=device),
-                   rows.shape[0] if doc_ids.dim() == 2 else None, longest, 1 << max(longest - 1, 0).bit_length())
+                   len(runs) if doc_ids.dim() == 2 else None, longest, 1 << max(longest - 1, 0).bit_length())
 
 
 def prefix_lm(prefix_len: int | torch.Tensor) -> PrefixLM:
