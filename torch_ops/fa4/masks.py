@@ -166,8 +166,10 @@ def document(doc_ids: torch.Tensor, kv_doc_ids: torch.Tensor | None = None, *, c
     q_runs = _runs(doc_ids)
     kv_runs = q_runs if same else _runs(kv_doc_ids)
     packing = kv_packing = None
-    if q_runs is not None and kv_runs is not None and (same or (
-            doc_ids.dim() == kv_doc_ids.dim() and not causal and [ids for ids, _ in q_runs] == [ids for ids, _ in kv_runs])):
+    paired = q_runs is not None and kv_runs is not None and (same or (
+        doc_ids.dim() == kv_doc_ids.dim() and not causal
+        and [ids for ids, _ in q_runs] == [ids for ids, _ in kv_runs]))  # the same documents, in order
+    if paired:
         packing = _packing(q_runs, doc_ids, target)
         kv_packing = packing if same else _packing(kv_runs, kv_doc_ids, target)
     if device is not None:
