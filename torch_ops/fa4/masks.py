@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,15 +69,23 @@ class Packing:
     # longest rounded up to a power of two: what compiled graphs pass as max_seqlen, so they are
     # specialised on a handful of values rather than on every batch's longest document
     longest_bucket: int
+    # Eager calls' offsets for shared ids per (batch, seqlen): made once (three small launches)
+    tiled: dict = field(default_factory=dict, compare=False, repr=False)
 
     def offsets(self, batch: int, seqlen: int) -> torch.Tensor:
         """cu_seqlens of ``batch`` rows of ``seqlen`` tokens packed end to end (no host sync)."""
         if self.batch_rows is not None or batch == 1:
             return self.row_offsets
+        compiling = torch.compiler.is_compiling()
+        if not compiling and (batch, seqlen) in self.tiled:
+            return self.tiled[batch, seqlen]
         starts = self.row_offsets[:-1].unsqueeze(0) + seqlen * torch.arange(
             batch, device=self.row_offsets.device, dtype=torch.int32).unsqueeze(1)
         end = torch.full((1,), batch * seqlen, device=self.row_offsets.device, dtype=torch.int32)
-        return torch.cat([starts.reshape(-1), end])
+        offsets = torch.cat([starts.reshape(-1), end])
+        if not compiling:
+            self.tiled[batch, seqlen] = offsets
+        return offsets
 
 
 @dataclass(frozen=True, eq=False)
