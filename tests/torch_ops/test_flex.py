@@ -330,3 +330,19 @@ def test_cross_attention_documents_run_packed(rows):
     g = torch.randn_like(want)
     for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
         torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
+def test_masks_built_inside_a_compiled_graph():
+    """fullgraph over building a document BlockMask and attending with it: no graph break (the
+    runs, read on the host, are not looked for there: torch's flex_attention runs the mask)."""
+    def forward(q, k, v, ids):
+        block_mask = create_block_mask(masks.document(ids, causal=True), None, None, q.shape[2], k.shape[2],
+                                       device="cpu")
+        return fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mods.softcap(4.0))
+
+    q, k, v = inputs(b=1, sq=40, sk=40)
+    ids = torch.tensor([0] * 15 + [1] * 25)
+    want = no_fallback(lambda: forward(q, k, v, ids))  # eager: fa4's packed-sequence path
+    got = torch.compile(forward, fullgraph=True, backend="aot_eager")(q, k, v, ids)  # torch's flex
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    assert repr(masks.causal()) == "fa4.masks.Causal" and repr(score_mods.softcap(2.0)) == "fa4.score_mods.Softcap"

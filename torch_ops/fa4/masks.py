@@ -31,8 +31,13 @@ class MaskMod:
     def __call__(self, b, h, q_idx, kv_idx):  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        # Plain text (no dataclass repr, whose recursion guard torch.compile cannot trace: torch's
+        # vmap prints the mask_mod / score_mod it wraps while create_block_mask or flex traces it).
+        return f"fa4.{type(self).__module__.rsplit('.', 1)[-1]}.{type(self).__name__}"
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class Causal(MaskMod):
     """Query i sees keys 0..i (top-left aligned, as torch's causal mask_mod)."""
 
@@ -40,7 +45,7 @@ class Causal(MaskMod):
         return q_idx >= kv_idx
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SlidingWindow(MaskMod):
     """Query i sees keys i - left .. i + right (a side of -1: unbounded)."""
 
@@ -88,7 +93,7 @@ class Packing:
         return offsets
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Document(MaskMod):
     """Query i sees key j of the same document: q_doc_ids[i] == kv_doc_ids[j] (and j <= i with
     causal). Ids are per token (1-D, shared by the batch) or per batch row (2-D). ``packing`` /
@@ -109,7 +114,7 @@ class Document(MaskMod):
         return same & (q_idx >= kv_idx) if self.causal else same
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class PrefixLM(MaskMod):
     """Keys before prefix_len are seen by every query, the rest causally (prefix_len an int or a
     (batch,) tensor)."""
@@ -121,7 +126,7 @@ class PrefixLM(MaskMod):
         return (kv_idx < prefix) | (q_idx >= kv_idx)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class And(MaskMod):
     """Keys every part sees."""
 
@@ -131,7 +136,7 @@ class And(MaskMod):
         return functools.reduce(operator.and_, (part(b, h, q_idx, kv_idx) for part in self.parts))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Or(MaskMod):
     """Keys any part sees."""
 
@@ -171,8 +176,11 @@ def document(doc_ids: torch.Tensor, kv_doc_ids: torch.Tensor | None = None, *, c
         if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.is_floating_point():
             raise ValueError(f"{name} must be an integer tensor of shape (seqlen,) or (batch, seqlen)")
     target = device or doc_ids.device
-    q_runs = _runs(doc_ids)
-    kv_runs = q_runs if same else _runs(kv_doc_ids)
+    # Finding the runs reads the ids on the host: not inside a compiled graph (a mask made there
+    # runs torch's flex_attention instead of a graph break).
+    compiling = torch.compiler.is_compiling()
+    q_runs = None if compiling else _runs(doc_ids)
+    kv_runs = q_runs if same or compiling else _runs(kv_doc_ids)
     packing = kv_packing = None
     paired = q_runs is not None and kv_runs is not None and (same or (
         doc_ids.dim() == kv_doc_ids.dim() and not causal

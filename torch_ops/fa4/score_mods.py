@@ -17,8 +17,13 @@ class ScoreMod:
     def __call__(self, score, b, h, q_idx, kv_idx):  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        # Plain text (no dataclass repr, whose recursion guard torch.compile cannot trace: torch's
+        # vmap prints the mask_mod / score_mod it wraps while create_block_mask or flex traces it).
+        return f"fa4.{type(self).__module__.rsplit('.', 1)[-1]}.{type(self).__name__}"
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class Softcap(ScoreMod):
     """cap * tanh(score / cap) (Gemma-2's logit softcapping)."""
 
@@ -28,7 +33,7 @@ class Softcap(ScoreMod):
         return self.cap * torch.tanh(score / self.cap)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Alibi(ScoreMod):
     """score + slopes[h] * (kv_idx - q_idx): ALiBi's linear penalty on distance (slopes (heads,),
     positive for the usual penalty on earlier keys)."""
@@ -39,7 +44,7 @@ class Alibi(ScoreMod):
         return score + self.slopes[h] * (kv_idx - q_idx)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class RelativeBias(ScoreMod):
     """score + table[h, (q_idx - kv_idx) + center]: a learned bias per head and relative position,
     table (heads, 2 * max_distance + 1) with center = max_distance."""
@@ -51,7 +56,7 @@ class RelativeBias(ScoreMod):
         return score + self.table[h, q_idx - kv_idx + center]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Bias(ScoreMod):
     """score + bias[b, h, q_idx, kv_idx], bias broadcastable to (batch, heads, seqlen_q, seqlen_k)."""
 
