@@ -30,6 +30,19 @@ def naive_flex(q, k, v, score_mod=None, mask_mod=None, scale=None, gqa=False):
     return p @ v, lse
 
 
+def assert_matches_formula(out, lse, inputs, score_mod, mask_mod, gqa=False, out_tol=1e-10):
+    """``out`` and ``lse`` (from inputs q, k, v that need gradients) against naive_flex: values,
+    the LSE and the gradients (within fp32 precision: fa4 keeps the LSE in fp32 and its backward
+    reads it)."""
+    want, want_lse = naive_flex(*inputs, score_mod, mask_mod, gqa=gqa)
+    assert out.shape == want.shape
+    torch.testing.assert_close(out, want, atol=out_tol, rtol=out_tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
+    g = torch.randn_like(want)
+    for a, e in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(want, inputs, g)):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+
+
 def inputs(b=2, hq=4, hkv=4, sq=37, sk=37, d=16, dv=16, grad=False):
     make = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=grad)  # noqa: E731
     return make(b, hq, sq, d), make(b, hkv, sk, d), make(b, hkv, sk, dv)
@@ -63,15 +76,8 @@ def test_fa4_masks_and_softcap_match_the_dense_formula(mask, lengths, softcap):
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
     out, aux = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                       return_aux=AuxRequest(lse=True)))
-    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod)
-    assert out.shape == want.shape and aux.max_scores is None
-    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(aux.lse, want_lse, atol=1e-6, rtol=1e-6)  # fa4 keeps the LSE in fp32
-    g = torch.randn_like(want)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    expected = torch.autograd.grad(want, (q, k, v), g)
-    for a, e in zip(got, expected):
-        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)  # the backward reads the fp32 LSE
+    assert aux.max_scores is None
+    assert_matches_formula(out, aux.lse, (q, k, v), score_mod, mask_mod)
 
 
 def test_matches_torch_flex_attention_with_gqa_and_scale():
@@ -202,12 +208,7 @@ def test_contiguous_documents_run_packed_and_match_the_dense_formula(case):
     block_mask = _block(mask_mod, 40, 40)
     out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                       enable_gqa=True, return_aux=AuxRequest(lse=True)))
-    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)
-    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(lse.lse, want_lse, atol=1e-6, rtol=1e-6)
-    g = torch.randn_like(want)
-    for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
-        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+    assert_matches_formula(out, lse.lse, (q, k, v), score_mod, mask_mod, gqa=True)
 
 
 def test_document_packing_offsets():
@@ -241,12 +242,8 @@ def test_prefix_lm_merges_two_calls_exactly(prefix, lengths):
     out, aux = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.softcap(6.0),
                                                       block_mask=_block(mask_mod, sq, sk),
                                                       return_aux=AuxRequest(lse=True)))
-    want, want_lse = naive_flex(q, k, v, score_mods.softcap(6.0), mask_mod)
-    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)  # merged through the fp32 LSEs
-    torch.testing.assert_close(aux.lse, want_lse, atol=1e-6, rtol=1e-6)
-    g = torch.randn_like(want)
-    for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
-        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+    # merged through the fp32 LSEs: the output within fp32 precision too
+    assert_matches_formula(out, aux.lse, (q, k, v), score_mods.softcap(6.0), mask_mod, out_tol=1e-6)
 
 
 def test_dynamic_compile_serves_every_length():
@@ -324,12 +321,7 @@ def test_cross_attention_documents_run_packed(rows):
     q, k, v = inputs(b=2, hq=4, hkv=2, sq=16, sk=23, grad=True)
     out, aux = no_fallback(lambda: fa4.flex_attention(q, k, v, block_mask=_block(mask_mod, 16, 23), enable_gqa=True,
                                                       return_aux=AuxRequest(lse=True)))
-    want, want_lse = naive_flex(q, k, v, None, mask_mod, gqa=True)
-    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(aux.lse, want_lse, atol=1e-6, rtol=1e-6)
-    g = torch.randn_like(want)
-    for a, e in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
-        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
+    assert_matches_formula(out, aux.lse, (q, k, v), None, mask_mod, gqa=True)
 
 
 def test_masks_built_inside_a_compiled_graph():
