@@ -442,7 +442,8 @@ std::string built_head_dims(const DeviceFacts &dev, int32_t kind) {
 }
 
 const char *mask_name(int32_t kind) {
-  return kind == FA4_MASK_NONE ? "none" : kind == FA4_MASK_CAUSAL ? "causal" : "local";
+  return kind == FA4_MASK_NONE ? "none" : kind == FA4_MASK_CAUSAL ? "causal" : kind == FA4_MASK_LOCAL ? "local"
+                                                                                                  : "block-sparse";
 }
 
 // The error for a call no compiled variant serves: what there is, and what to use.
@@ -658,8 +659,8 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   nq = view_of(q, lead);
   phases.mark("workspace");
   DeviceGuard guard(device);
-  check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &partials_view, &cu_q, &cu_k, &used_k, &order, &params,
-                       stream),
+  check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &partials_view, &cu_q, &cu_k, &used_k, &order, nullptr,
+                       nullptr, nullptr, &params, stream),
                "forward kernel");
   phases.mark("launch");
 }
@@ -685,6 +686,77 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, double softmax_scal
     return {out, lse};
   }
   run_forward(q, k, v, out, lse, mask, softmax_scale, softcap, pack_gqa, nullptr, phases);
+  return {out, lse};
+}
+
+// ------------------------------------------------------------------- block-sparse forward
+// A FlexAttention BlockMask as tables at the variant's tile shape (fa4.block_sparse builds them;
+// their layout: fa4_fwd in fa4_shim.h). One head's rows per tile (no pack-GQA: the tables are per
+// query head). The tables' values are not read on the host (that would sync): the kernel clamps
+// counts, blocks and slots into the tensors.
+void check_sparse_table(const Tensor &t, const char *name, const Tensor &q, int64_t rank) {
+  FA4_TYPE(t.scalar_type() == ScalarType::Int && t.dim() == rank, name, " must be a ", rank,
+           "-D torch.int32 tensor; got ", t.dim(), "-D ", dtype_name(t.scalar_type()));
+  FA4_VALUE(t.is_cuda() && t.get_device_index() == q.get_device_index(), name, " must be on q's device");
+  FA4_VALUE(t.numel() == 0 || t.stride(rank - 1) == 1, name, " must be contiguous in its last dimension");
+}
+
+std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor counts, Tensor blocks, Tensor bits,
+                                      int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap) {
+  Phases phases("fwd_sparse");
+  check_qkv(q, k, v, 4);
+  check_scalars(softmax_scale, softcap);
+  check_sparse_table(counts, "kv_counts", q, 4);
+  check_sparse_table(blocks, "kv_blocks", q, 4);
+  check_sparse_table(bits, "kv_bits", q, 1);
+  int device = q.get_device_index();
+  const DeviceFacts &dev = device_facts(device);
+  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), d = q.size(3), sk = k.size(1), dv = v.size(3);
+  Candidates c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_SPARSE, softcap > 0.0, false, FA4_KERNEL_FWD);
+  if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, FA4_MASK_SPARSE, softcap > 0.0, FA4_KERNEL_FWD);
+  int32_t index = c.family[FA4_TILES_REGULAR];
+  const fa4_variant &variant = fa4_variants[index];
+  const int64_t m_blocks = (sq + variant.tile_m - 1) / variant.tile_m;
+  const int64_t slot_words = (int64_t)variant.tile_m * (variant.tile_n / 32);
+  const std::string tile = "(" + std::to_string(variant.tile_m) + ", " + std::to_string(variant.tile_n) + ")";
+  FA4_VALUE(tile_m == variant.tile_m && tile_n == variant.tile_n, "the tables were built for (tile_m, tile_n) = (",
+            tile_m, ", ", tile_n, "); this kernel's tiles are ", tile, " (fa4.block_sparse.kernel_tile)");
+  FA4_VALUE(counts.size(0) == b && counts.size(1) == hq && counts.size(2) == m_blocks && counts.size(3) == 3,
+            "kv_counts must have shape (batch, heads_q, ceil(seqlen_q / ", variant.tile_m, "), 3) = ",
+            tuple_text({b, hq, m_blocks, 3}), " for this kernel's ", tile, " tiles; got ", shape_text(counts),
+            ". Build the tables with fa4.block_sparse.tables.");
+  FA4_VALUE(blocks.size(0) == b && blocks.size(1) == hq && blocks.size(2) == m_blocks && blocks.size(3) >= 1,
+            "kv_blocks must have shape (batch, heads_q, ", m_blocks, ", width >= 1); got ", shape_text(blocks));
+  FA4_VALUE(bits.numel() >= slot_words && bits.numel() % slot_words == 0,
+            "kv_bits must hold whole slots of ", slot_words, " words (", tile, " tiles); got ", bits.numel());
+  phases.mark("checks");
+  Tensor out = empty({b, sq, hq, dv}, dtype_code(q.scalar_type()), device);
+  Tensor lse = empty({b, hq, sq}, aoti_torch_dtype_float32(), device);
+  if (b == 0 || sq == 0 || hq == 0) return {out, lse};
+  if (sk == 0) {
+    torch::stable::zero_(out);
+    torch::stable::fill_(lse, -INFINITY);
+    return {out, lse};
+  }
+  q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
+  fa4_tuning tune = tuning();
+  void *stream = current_stream(device);
+  Tensor semaphores;
+  fa4_tensor ns = zeroed_counters(device, stream, {1}, &semaphores);  // the dynamic schedule's tile counter
+  int32_t group = fa4_heads_per_group(dev.l2_bytes, sk, (int32_t)d, (int32_t)dv, (int32_t)q.element_size(), b * hq,
+                                      tune.l2_swizzle_bytes, FA4_MASK_SPARSE, m_blocks, dev.num_sms);
+  int32_t grid = fa4_grid_size(dev.num_sms, FA4_MASK_SPARSE, tune.persistent);
+  fa4_fwd_params params{(float)softmax_scale, (float)softcap, 0, 0, group, grid, 1, 0, 1, 0};
+  const Tensor &unused = unused_vector(device);
+  fa4_tensor nu = view_of(unused);
+  fa4_tensor nq = view_of(q), nk = view_of(k), nv = view_of(v), no = view_of(out), nl = view_of(lse);
+  fa4_tensor nc = view_of(counts), nb = view_of(blocks), nbits = view_of(bits);
+  phases.mark("workspace");
+  DeviceGuard guard(device);
+  check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &nu, &nu, &nu, &nu, &nu, &nc, &nb, &nbits, &params,
+                       stream),
+               "block-sparse forward kernel");
+  phases.mark("launch");
   return {out, lse};
 }
 
@@ -924,4 +996,5 @@ STABLE_TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("bwd", TORCH_BOX(&bwd));
   m.impl("fwd_varlen", TORCH_BOX(&fwd_varlen));
   m.impl("bwd_varlen", TORCH_BOX(&bwd_varlen));
+  m.impl("fwd_sparse", TORCH_BOX(&fwd_sparse));
 }

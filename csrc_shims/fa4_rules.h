@@ -15,7 +15,8 @@ extern "C" {
  * enough that adding a row index and a sequence length cannot overflow int32. */
 #define FA4_UNBOUNDED (1 << 30)
 
-enum fa4_mask_kind { FA4_MASK_NONE = 0, FA4_MASK_CAUSAL = 1, FA4_MASK_LOCAL = 2 };
+/* FA4_MASK_SPARSE: block-sparse forwards, whose tables (fa4.block_sparse) carry the mask. */
+enum fa4_mask_kind { FA4_MASK_NONE = 0, FA4_MASK_CAUSAL = 1, FA4_MASK_LOCAL = 2, FA4_MASK_SPARSE = 3 };
 enum fa4_tile_family { FA4_TILES_REGULAR = 0, FA4_TILES_SHORT = 1, FA4_TILES_LONG = 2 };
 /* A tri-state option: FA4_AUTO lets the rule decide. */
 #define FA4_AUTO (-1)

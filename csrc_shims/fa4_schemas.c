@@ -15,6 +15,9 @@ static const char *const schemas[] = {
     "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
     "float softmax_scale, " MASK_ARGS ", bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
+    /* Block-sparse (FlexAttention BlockMask) forward: the tables of fa4.block_sparse. */
+    "fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor kv_counts, Tensor kv_blocks, Tensor kv_bits, int tile_m, "
+    "int tile_n, float softmax_scale, float softcap=0.0) -> (Tensor out, Tensor lse)",
 };
 
 int32_t fa4_schema_count(void) { return (int32_t)(sizeof(schemas) / sizeof(schemas[0])); }

@@ -139,7 +139,8 @@ int32_t fa4_split_workspace(int32_t index, int32_t head_dim_v, int32_t num_sms, 
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
+                const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
+                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_fwd_params *params,
                 void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
@@ -158,6 +159,32 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
       (status = check_tensor("seq_order", seq_order, 1, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
+  /* Dense variants take no tables: a placeholder they never read. */
+  fa4_tensor unused_table = {semaphores->data, 4, {1, 1, 1, 1}, {1, 1, 1, 1}};
+  fa4_tensor unused_bits = {semaphores->data, 1, {1}, {1}};
+  if (variant->mask == FA4_MASK_SPARSE) {
+    if ((status = check_tensor("sparse_counts", sparse_counts, 4, 4, 0)) ||
+        (status = check_tensor("sparse_blocks", sparse_blocks, 4, 4, 0)) ||
+        (status = check_tensor("sparse_bits", sparse_bits, 1, 4, 0)))
+      return status;
+    int64_t m_blocks = (q->shape[1] + variant->tile_m - 1) / variant->tile_m;
+    int64_t slot_words = (int64_t)variant->tile_m * (variant->tile_n / 32);
+    for (int32_t i = 0; i < 3; i++)
+      if (sparse_counts->stride[i] < 0 || sparse_blocks->stride[i] < 0)
+        return fail(FA4_ERR_BAD_TENSOR, "sparse tables: strides must be >= 0");
+    if (sparse_counts->shape[0] != q->shape[0] || sparse_counts->shape[1] != q->shape[2] ||
+        sparse_counts->shape[2] != m_blocks || sparse_counts->shape[3] != 3 ||
+        sparse_blocks->shape[0] != q->shape[0] || sparse_blocks->shape[1] != q->shape[2] ||
+        sparse_blocks->shape[2] != m_blocks || sparse_bits->shape[0] % slot_words != 0 ||
+        params->pack_gqa != 1)
+      return fail(FA4_ERR_BAD_TENSOR, "sparse tables: counts (%lld, %lld, %lld, 3) and blocks (%lld, %lld, %lld, "
+                  "width) for %d-row tiles, bits a whole number of %lld-word slots, pack_gqa 1",
+                  (long long)q->shape[0], (long long)q->shape[2], (long long)m_blocks, (long long)q->shape[0],
+                  (long long)q->shape[2], (long long)m_blocks, variant->tile_m, (long long)slot_words);
+  } else {
+    sparse_counts = sparse_blocks = &unused_table;
+    sparse_bits = &unused_bits;
+  }
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
       params->window_right < 0)
     return fail(FA4_ERR_BAD_TENSOR, "heads_per_group and num_sms must be >= 1, windows >= 0");
@@ -199,7 +226,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   last_launch[FA4_KERNEL_FWD] = (fa4_launch){index, params->pack_gqa, params->tail_ctas, params->heads_per_group,
                                              params->num_sms, 0, 0, 0, semaphores->data, semaphores->shape[0]};
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             seq_order, params, (cudaStream_t)stream);
+                             seq_order, sparse_counts, sparse_blocks, sparse_bits, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

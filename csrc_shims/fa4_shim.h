@@ -78,12 +78,21 @@ int32_t fa4_split_workspace(int32_t variant, int32_t head_dim_v, int32_t num_sms
  * Sizes: fa4_split_workspace. Varlen variants: b = 1 and sq/sk are the packed totals; cu_seqlens_q/k
  * (n + 1,) int32 offsets, seqused_k (n,) int32 (read when params->has_seqused_k), seq_order
  * (n,) int32: a permutation of the sequences, the order in which their tiles are scheduled
- * (longest first, say). Dense variants ignore those four (any int32 vectors). Launches on
+ * (longest first, say). Dense variants ignore those four (any int32 vectors).
+ * Block-sparse variants (mask FA4_MASK_SPARSE) read three int32 tables, which the others ignore
+ * (NULL there): sparse_counts (b, hq, m_blocks, 3) and sparse_blocks (b, hq, m_blocks, width),
+ * m_blocks = ceil(sq / tile_m), any leading strides (0 where broadcast), last dim contiguous:
+ * per query tile its partial blocks, all its blocks and its first partial block's bitmask slot,
+ * then its K/V blocks of tile_n keys, partial ones first; sparse_bits (slots * tile_m * tile_n / 32,)
+ * contiguous, 16-byte aligned: per slot and tile row tile_n / 32 words, key j in bit j % 32 of
+ * word j // 32. Partial block i of a tile reads slot first_slot + i; a tile with no block must list
+ * one partial block whose slot is all zeros (fa4.block_sparse writes them this way). Launches on
  * `stream` (a cudaStream_t) on the current device. */
 int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_fwd_params *params,
+                const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
+                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_fwd_params *params,
                 void *stream);
 
 /* The backward's main kernel: dq_accum (b, sq, hq, d) fp32, zero at launch, receives dQ (scaled);

@@ -16,8 +16,9 @@ typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa
                               const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                               const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
                               const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                              const fa4_tensor *seq_order, const fa4_fwd_params *params,
-                              cudaStream_t stream);
+                              const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
+                              const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
+                              const fa4_fwd_params *params, cudaStream_t stream);
 
 typedef int32_t (*fa4_bwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                               const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,

@@ -148,15 +148,33 @@ def _compile_fwd(key: catalog.VariantKey):
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile,
-        stamps=env_settings()["diag_stamps"],
+        block_sparse=key.mask == catalog.SPARSE_MASK, stamps=env_settings()["diag_stamps"],
     )
     semaphores, partials = vector(align=16), vector(Float32, 16)
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), stats(),
-        semaphores, partials, vector(), vector(), vector(), vector(),
+        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
         Int32(0), make_fake_stream(),
     )
+
+
+def _sparse_tables():
+    """Fake block-sparse tables (block_info.SparseBlocks, mask.AttentionMask.load_bits): counts
+    (batch, heads, m_blocks, 3) and blocks (batch, heads, m_blocks, width) int32 with any
+    leading strides (0 where broadcast), the bitmask a flat int32 vector."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    from fa4_kernels.block_info import SPARSE_COUNT_FIELDS
+
+    def table(last):
+        return make_fake_tensor(cutlass.Int32, tuple(cute.sym_int() for _ in range(3)) + (last,),
+                                stride=tuple(cute.sym_int64() for _ in range(3)) + (1,), assumed_align=4)
+
+    bits = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=16)
+    return table(SPARSE_COUNT_FIELDS), table(cute.sym_int()), bits
 
 
 def _compile_bwd(key: catalog.VariantKey):
@@ -276,7 +294,8 @@ def _compile_bwd_post(key: catalog.VariantKey):
 TENSOR_ARGS = {
     "fwd": {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
             "mPartials": "partials", "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k",
-            "mSeqUsedK": "seqused_k", "mSeqOrder": "seq_order"},
+            "mSeqUsedK": "seqused_k", "mSeqOrder": "seq_order", "mSparseCounts": "sparse_counts",
+            "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits"},
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
             "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore"},
@@ -343,10 +362,13 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                        const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                        const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                       const fa4_tensor *seq_order, const fa4_fwd_params *p, cudaStream_t stream) {{
+                       const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
+                       const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
+                       const fa4_fwd_params *p, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
-                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, p->softmax_scale,
+                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, &t_sparse_counts,
+                              &t_sparse_blocks, &t_sparse_bits, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
                               p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
                               p->pack_gqa, p->tail_ctas, stream);
@@ -387,7 +409,8 @@ static int32_t {n}_load(int32_t device) {{
         kind = {"fwd": "FA4_KERNEL_FWD", "bwd": "FA4_KERNEL_BWD", "bwd_pre": "FA4_KERNEL_BWD_PRE",
                 "bwd_post": "FA4_KERNEL_BWD_POST"}[key.kernel]
         dtype = {"bf16": "FA4_DTYPE_BF16", "fp16": "FA4_DTYPE_FP16"}[key.dtype]
-        mask = {"none": "FA4_MASK_NONE", "causal": "FA4_MASK_CAUSAL", "local": "FA4_MASK_LOCAL"}[key.mask]
+        mask = {"none": "FA4_MASK_NONE", "causal": "FA4_MASK_CAUSAL", "local": "FA4_MASK_LOCAL",
+                "sparse": "FA4_MASK_SPARSE"}[key.mask]
         tiles = {"regular": "FA4_TILES_REGULAR", "short": "FA4_TILES_SHORT", "long": "FA4_TILES_LONG"}[key.tiles]
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
                     f'{int(key.softcap)}, {tiles}, {int(key.varlen)}, {cfg.tile_m}, '

@@ -213,3 +213,41 @@ def partial_tile_shift(tile_m: int, seqlen_q):
     """(-seqlen_q) mod tile_m, the shift of ``row_shift``, as plain arithmetic: on DSL integers
     in the kernels, on Python ints in the CPU tests."""
     return (tile_m - seqlen_q % tile_m) % tile_m
+
+
+# ------------------------------------------------------------------- block-sparse: from tables
+# The per-tile counts a block-sparse call passes (fa4.block_sparse builds them from a BlockMask):
+# the tile's partial blocks, all its blocks, and the bitmask slot of its first partial block.
+SPARSE_PARTIAL, SPARSE_TOTAL, SPARSE_FIRST_SLOT = 0, 1, 2
+SPARSE_COUNT_FIELDS = 3
+
+
+@dataclass(frozen=True)
+class SparseBlocks:
+    """The K/V blocks one query tile visits in a block-sparse call, in visiting order: its
+    partial blocks (those whose keys some row of the tile does not see) first, then its full
+    ones. Partial block i takes its mask from bitmask slot first_slot + i. A tile that sees no
+    block at all is given one partial block of the all-zero slot by the host, so the producer
+    and consumers agree on a trip count of at least one, as with ``BlockInfo.n_block_range``.
+
+    The tables are read as they are: counts are clamped into the table's width and block
+    indices into the key range, so malformed tables give wrong results, never accesses outside
+    the tensors (the bitmask slot is clamped where it is read: ``AttentionMask.load_bits``)."""
+    blocks: cute.Tensor  # the tile's row of the blocks table
+    num_partial: Int32
+    num_total: Int32
+    first_slot: Int32
+
+    @staticmethod
+    def of_tile(mCounts: cute.Tensor, mBlocks: cute.Tensor, batch_idx, head_idx, m_block):
+        """mCounts (batch, head, m_block, SPARSE_COUNT_FIELDS), mBlocks (batch, head, m_block,
+        width) int32, broadcast dims with stride 0."""
+        width = cute.size(mBlocks.shape[3])
+        total = cutlass.min(cutlass.max(mCounts[batch_idx, head_idx, m_block, SPARSE_TOTAL], 1), width)
+        partial = cutlass.min(cutlass.max(mCounts[batch_idx, head_idx, m_block, SPARSE_PARTIAL], 0), total)
+        first_slot = cutlass.max(mCounts[batch_idx, head_idx, m_block, SPARSE_FIRST_SLOT], 0)
+        return SparseBlocks(mBlocks[batch_idx, head_idx, m_block, None], partial, total, first_slot)
+
+    def n_block(self, i, n_blocks):
+        """The i-th block visited, clamped into [0, n_blocks)."""
+        return cutlass.min(cutlass.max(self.blocks[i], 0), n_blocks - 1)

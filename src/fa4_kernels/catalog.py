@@ -14,6 +14,9 @@ DTYPES = ("bf16", "fp16")
 # (head_dim, head_dim_v): the FlashAttention-3 set, plus DeepSeek-style (192, 128).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 MASKS = ("none", "causal", "local")
+# Block-sparse forwards (FlexAttention BlockMasks through fa4.block_sparse's tables; partial
+# blocks masked by bits): a mask kind of their own, dense batches, every head dim.
+SPARSE_MASK = "sparse"
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
 # statistics it reads) and its postprocess (dQ's conversion to the input dtype).
 KERNELS = ("fwd", "bwd", "bwd_pre", "bwd_post")
@@ -27,7 +30,7 @@ class VariantKey:
     dtype: str  # "bf16" | "fp16"
     head_dim: int
     head_dim_v: int
-    mask: str  # "none" | "causal" | "local"
+    mask: str  # "none" | "causal" | "local" | "sparse" (forward only)
     softcap: bool
     varlen: bool = False  # packed sequences delimited by cu_seqlens
     # Tile family (heuristics.fwd_config): "regular", or an extra dense variant the runtime
@@ -78,6 +81,10 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
         for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
             archs, DTYPES, dims, TILE_FAMILY_MASKS[tiles], (False, True))
     ]
+    sparse = [
+        VariantKey(arch, dtype, hd, hdv, SPARSE_MASK, softcap)
+        for arch, dtype, (hd, hdv), softcap in itertools.product(archs, DTYPES, HEAD_DIMS, (False, True))
+    ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")
         for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
@@ -92,7 +99,7 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
     # The postprocess converts a flat range: one per dtype (head dims 0: it serves every one).
     postprocess = [VariantKey(arch, dtype, 0, 0, "none", False, kernel="bwd_post")
                    for arch, dtype in itertools.product(archs, DTYPES)]
-    return regular + extra + backward + preprocess + postprocess
+    return regular + extra + sparse + backward + preprocess + postprocess
 
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:

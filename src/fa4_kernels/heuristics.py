@@ -144,6 +144,26 @@ def speculative_max_pays(key: VariantKey) -> bool:
     return not key.softcap
 
 
+def sparse_fwd_config(key: VariantKey) -> FwdConfig:
+    """Block-sparse forwards: 128-row tiles (two consumer warpgroups) at every head dim, so that
+    FlexAttention's default 128 x 128 blocks map one to one onto tiles (hd64's 192-row tiles
+    would mix blocks), and tile_n a multiple of 32 (the bitmask's words) dividing 128: 128 up to
+    head_dim_v 128, 64 above it (hd192x192's dense 112 is neither; hd256 takes 64 anyway). The
+    rest as for any dynamically scheduled variant (partial blocks never guess the row max)."""
+    assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
+    tile_n = 128 if key.head_dim_v <= 128 else 64
+    cfg = FwdConfig(tile_m=128, tile_n=tile_n, num_stages=2,
+                    pv_wait="softmax" if key.head_dim_v > 128 else "first_exps")
+    if speculative_max_pays(key):
+        cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD, speculative_max=True, pv_wait="first_exps")
+    elif key.head_dim_v > 64:
+        cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
+    cfg = replace(cfg, lse_bulk_store=True, epilogue_addresses_per_tile=key.head_dim_v <= 128)
+    cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
+    assert cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0
+    return cfg
+
+
 def fwd_config(key: VariantKey) -> FwdConfig:
     # tile_m is 128: two consumer warpgroups of 64 rows (the WGMMA M size) each. tile_n sets the
     # S accumulator (tile_n / 2 fp32 registers per thread) next to the O accumulator
@@ -154,6 +174,8 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     assert key.tiles == "regular" or not key.varlen, "tile families are dense"
     assert key.tiles != "long" or key.mask != "local", "long-sequence tiles: no mask or causal"
     assert key.tiles != "short" or key.mask != "local", "short-sequence tiles: no mask or causal"
+    if key.mask == "sparse":
+        return sparse_fwd_config(key)
     if key.tiles == "short":
         assert key.head_dim == 64, "short-sequence tiles are tuned for hd64"
         # Four consumer warpgroups (256-row tiles) at 112 registers each, so S gets 64 columns.

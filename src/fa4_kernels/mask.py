@@ -32,6 +32,21 @@ def neg_inf_unless_between(x: Float32, col: int, low: Int32, limit: Int32, *, lo
                    "=f,f,r,r,r", (Float32(x), Int32(col), Int32(low), Int32(limit)), loc=loc, ip=ip)
 
 
+@dsl_user_op
+def neg_inf_unless_bit(x: Float32, word: Int32, bit: int, *, loc=None, ip=None) -> Float32:
+    """``x if word has bit `bit` set else -inf`` (bit a compile-time constant): ptxas folds the
+    test into one LOP3 writing a predicate, then one select."""
+    return f32_asm("{\n.reg .pred p;\n.reg .b32 t;\n"
+                   f"and.b32 t, $2, 0x{1 << bit:08x};\n"
+                   "setp.ne.b32 p, t, 0;\nselp.f32 $0, $1, 0fFF800000, p;\n}",
+                   "=f,f,r", (Float32(x), Int32(word)), loc=loc, ip=ip)
+
+
+# Bits per word of a block-sparse call's bitmask (fa4.block_sparse packs them): row r of a tile's
+# slot holds tile_n bits in tile_n / 32 int32 words, key j of the block in bit j % 32 of word j // 32.
+BITS_PER_WORD = 32
+
+
 # A column bound no column reaches: for the sides of apply_transposed's window that bound nothing.
 UNMASKED_COLS = 1 << 30
 
@@ -129,3 +144,38 @@ class AttentionMask:
                     high = low
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
                 acc_mn[r, c] = neg_inf_unless_between(acc_mn[r, c], t0ScS[0, c][1], low, high)
+
+    # ------------------------------------------------------------- block-sparse partial blocks
+    @cute.jit
+    def load_bits(self, mBits: cute.Tensor, slot: Int32, thr_mma: cute.ThrMma) -> cute.Tensor:
+        """This thread's words of bitmask slot ``slot`` (mBits: flat int32, slots of tile_m rows
+        of tile_n / 32 words; the slot is clamped into it), one (row, word) pair per accumulator
+        row and word, each shifted right by the thread's first column so that the bit of a
+        column is that of thread 0's column (a compile-time constant; the shift keeps every bit
+        a thread tests within its word: columns sit at c % 32 <= 25 for thread 0, shifts <= 6)."""
+        words = self.tile_n // BITS_PER_WORD
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = rows_cols_view(thr_mma.partition_C(cS))
+        rows = cute.size(tScS, mode=[0])
+        num_slots = cute.size(mBits.shape[0]) // (self.tile_m * words)
+        slot = cutlass.min(cutlass.max(slot, 0), num_slots - 1)
+        col_offset = tScS[0][1]
+        bits = cute.make_rmem_tensor((rows * words,), Int32)
+        for r in cutlass.range_constexpr(rows):
+            base = (slot * self.tile_m + tScS[r, 0][0]) * words
+            for w in cutlass.range_constexpr(words):
+                bits[r * words + w] = mBits[base + w] >> col_offset
+        return bits
+
+    @cute.jit
+    def apply_bits(self, acc_S: cute.Tensor, thr_mma: cute.ThrMma, bits: cute.Tensor):
+        """-inf at every score whose bit (``load_bits``) is clear."""
+        words = self.tile_n // BITS_PER_WORD
+        acc_mn = rows_cols_view(acc_S)
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        t0ScS = rows_cols_view(thr_mma.get_slice(0).partition_C(cS))
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                col = t0ScS[0, c][1]
+                acc_mn[r, c] = neg_inf_unless_bit(acc_mn[r, c], bits[r * words + col // BITS_PER_WORD],
+                                                  col % BITS_PER_WORD)

@@ -23,7 +23,9 @@ def _fake_header(name):
         f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {name}_Tensor_{a}_t;\n"
         for a in ("mSemaphores", "mPartials", "mCuSeqlensQ", "mCuSeqlensK", "mSeqUsedK", "mSeqOrder")
     )
-    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + vectors
+    tables = struct("mSparseCounts", 3, 3) + struct("mSparseBlocks", 4, 3) + (
+        f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {name}_Tensor_mSparseBits_t;\n")
+    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + vectors + tables
 
 
 def test_variant_digest_changes_with_sources_and_dsl_version():
@@ -54,6 +56,10 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "t_seqused_k.dynamic_strides" not in c
     assert "t_seq_order.dynamic_shapes[0] = (int32_t)seq_order->shape[0];" in c
     assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, p->tail_ctas, stream" in c
+    # The block-sparse tables (any fwd variant takes them; dense ones get placeholders).
+    assert "t_sparse_blocks.dynamic_shapes[3] = (int32_t)sparse_blocks->shape[3];" in c
+    assert "t_sparse_counts.dynamic_strides[2] = sparse_counts->stride[2];" in c
+    assert "&t_seq_order, &t_sparse_counts," in c and "&t_sparse_blocks, &t_sparse_bits, p->softmax_scale" in c
     assert "fa4_variant_count = 1;" in c
     assert "fa4_stats_block_rows = 128;" in c
 

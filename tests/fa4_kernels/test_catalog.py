@@ -89,8 +89,9 @@ def test_every_variant_has_a_config_that_fits_shared_memory():
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax) and
-        # hd128's long-sequence tiles, four for hd64's short-sequence tiles
-        assert cfg.tile_m == {"short": 256, "long": 192}.get(key.tiles, 192 if key.head_dim <= 64 else 128)
+        # hd128's long-sequence tiles, four for hd64's short-sequence tiles; block-sparse tiles two
+        regular = 192 if key.head_dim <= 64 and key.mask != "sparse" else 128
+        assert cfg.tile_m == {"short": 256, "long": 192}.get(key.tiles, regular)
         assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
 
@@ -112,12 +113,26 @@ def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
         heuristics.place_buffers(heuristics.FwdConfig(tile_m=192, tile_n=64, num_stages=2), 256, 256)
 
 
+def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
+    """One sparse forward per (dtype, head dims, softcap), dense batches: 128-row tiles whose
+    tile_n divides FlexAttention's 128-key blocks and is a whole number of 32-bit words."""
+    sparse = [v for v in forward_variants() if v.mask == catalog.SPARSE_MASK]
+    assert len(sparse) == len(catalog.DTYPES) * len(catalog.HEAD_DIMS) * 2
+    for key in sparse:
+        cfg = heuristics.fwd_config(key)
+        assert not key.varlen and key.tiles == "regular"
+        assert cfg.tile_m == 128 and cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0, key.name
+        assert not cfg.split_tail and not cfg.skip_dead_blocks and cfg.lse_bulk_store, key.name
+    assert {heuristics.fwd_config(k).tile_n for k in sparse if k.head_dim_v > 128} == {64}
+    assert not any(v.mask == catalog.SPARSE_MASK for v in catalog.all_variants() if v.kernel != "fwd")
+
+
 def test_dead_blocks_are_skipped_where_warpgroups_contend():
     # Masked tiles only; three or four consumer warpgroups (MUFU/tensor contention) or dv > 128
     # (long P @ V). hd96-hd192x128 on two warpgroups measured (hd128) a little slower with it.
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
-        expected = key.mask != "none" and (cfg.tile_m > 128 or key.head_dim_v > 128)
+        expected = key.mask in ("causal", "local") and (cfg.tile_m > 128 or key.head_dim_v > 128)
         assert cfg.skip_dead_blocks == expected, key.name
     on = {(v.head_dim, v.head_dim_v) for v in forward_variants() if heuristics.fwd_config(v).skip_dead_blocks}
     assert on == {(64, 64), (128, 128), (192, 192), (256, 256)}  # hd128: its long causal tiles

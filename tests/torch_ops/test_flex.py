@@ -123,11 +123,19 @@ FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
 
 @pytest.mark.parametrize("case", list(FALLBACKS))
 def test_other_masks_and_score_mods_fall_back_to_torch_once(case, monkeypatch):
+    """score_mods fa4 has no kernel for; masks with no dense or packed kernel in training (the
+    block-sparse kernel has no backward yet: the plan says so; torch's flex_attention has no CPU
+    backward to run here)."""
     monkeypatch.setattr(flex, "_WARNED", set())
     make_mask, make_score, (sq, sk), words = FALLBACKS[case]
     mask_mod, score_mod = make_mask(), make_score and make_score()
     q, k, v = inputs(sq=sq, sk=sk)
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
+    if score_mod is None:
+        plan = flex._fa4_plan(None, block_mask, None, q.shape[0], sq, sk)
+        reason = flex._sparse_plan(plan, None, None, *inputs(sq=sq, sk=sk, grad=True))
+        assert isinstance(reason, str) and words in reason and "no backward yet" in reason
+        return
     with pytest.warns(UserWarning, match=words):
         out = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
     want, _ = naive_flex(q, k, v, score_mod, mask_mod)
@@ -135,6 +143,24 @@ def test_other_masks_and_score_mods_fall_back_to_torch_once(case, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # warned once
+
+
+@pytest.mark.parametrize("case", [c for c in FALLBACKS if FALLBACKS[c][1] is None])
+def test_other_masks_run_the_block_sparse_operator_without_gradients(case):
+    """The same masks in inference: fa4::fwd_sparse (its CPU implementation here) from the
+    BlockMask's tables, no fallback; a softcap rides along."""
+    make_mask, _, (sq, sk), _ = FALLBACKS[case]
+    mask_mod = make_mask()
+    q, k, v = inputs(sq=sq, sk=sk)
+    block_mask = create_block_mask(mask_mod, None, None, sq, sk, device="cpu", BLOCK_SIZE=16)
+    plan = flex._sparse_plan("reason", None, None, q, k, v)
+    assert not isinstance(plan, str) and plan.sparse
+    for score_mod in (None, score_mods.softcap(3.0)):
+        out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                          return_lse=True))
+        want, want_lse = naive_flex(q, k, v, score_mod, mask_mod)
+        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(lse, want_lse.float().double(), atol=1e-6, rtol=1e-6)
 
 
 def test_window_alignment_maps_onto_the_bottom_right_window():
@@ -338,3 +364,4 @@ def test_masks_built_inside_a_compiled_graph():
     got = torch.compile(forward, fullgraph=True, backend="aot_eager")(q, k, v, ids)  # torch's flex
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     assert repr(masks.causal()) == "fa4.masks.Causal" and repr(score_mods.softcap(2.0)) == "fa4.score_mods.Softcap"
+

@@ -6,6 +6,7 @@
     python -m fa4.bench --backward            # forward + backward steps and the backward alone
     python -m fa4.bench --host                # host (CPU) time per call against SDPA (bench_host)
     python -m fa4.bench --flex-docs 8         # documents and a window through FlexAttention's API
+    python -m fa4.bench --flex-sparse         # a random block-sparse mask_mod (fa4's bitmask path)
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -408,6 +409,66 @@ def bench_flex_masks(args, dtype) -> None:
             print(f"hd={head_dim_label(head_dim, head_dim_v):>3s} {case}:\n  " + "\n  ".join(cells), flush=True)
 
 
+def bench_flex_sparse(args, dtype) -> None:
+    """A mask_mod fa4 reads only through its BlockMask and bits (fa4.block_sparse): half of the
+    128 x 128 blocks of --tokens x --tokens kept at random, half of those partial (a per-element
+    pattern keeping 4 keys in 5). fa4.flex_attention against torch's flex_attention compiled,
+    forward (fa4 has no block-sparse backward yet: torch's forward + backward is printed for
+    reference), TFLOP/s of useful work; the BlockMask's and fa4's tables' preparation times."""
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
+
+    from fa4 import block_sparse
+
+    compiled = torch.compile(flex_attention)
+    tokens, block = args.tokens, 128
+    gen = torch.Generator().manual_seed(0)
+    cells = -(-tokens // block)
+    keep = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
+    partial = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
+
+    def mask_mod(b, h, q, kv):
+        cq, ck = q // block, kv // block
+        return keep[cq, ck] & (~partial[cq, ck] | ((q * 7 + kv * 3) % 5 != 0))
+
+    create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    block_mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")
+    torch.cuda.synchronize()
+    mask_ms = (time.perf_counter() - start) * 1e3
+    pairs = int(create_mask(mask_mod, None, None, tokens, tokens, device="cuda").sum())
+    print(f"\nRandom block-sparse mask_mod, {tokens} tokens, {block} x {block} blocks ({pairs / tokens ** 2:.1%} of "
+          f"pairs visible): create_block_mask {mask_ms:.2f} ms")
+    for head_dim, head_dim_v in args.head_dims:
+        tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"))
+        heads = args.hidden // head_dim
+        block_sparse.build_tables(block_mask, 1, heads, tile)  # warm-up
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        tables = block_sparse.build_tables(block_mask, 1, heads, tile)
+        torch.cuda.synchronize()
+        tables_ms = (time.perf_counter() - start) * 1e3
+        partial_tiles = tables.bits.numel() // (tile[0] * tile[1] // 32) - 1
+        sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
+                      for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
+        dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
+        flops = 2 * heads * pairs * (head_dim + head_dim_v)
+        fns = {"fa4.flex": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask),
+               "Flex": lambda q, k, v: compiled(q, k, v, block_mask=block_mask)}
+        result = {}
+        for r in range(args.rounds):
+            for name in list(fns)[r % 2:] + list(fns)[:r % 2]:
+                ms = time_ms(lambda i, fn=fns[name]: fn(*(t.detach() for t in sets[i % 3])), args.warmup, args.iters)
+                result.setdefault(name, []).append(flops / (ms * 1e-3) / 1e12)
+        flex_step = time_ms(lambda i: torch.autograd.grad(compiled(*sets[i % 3], block_mask=block_mask), sets[i % 3],
+                                                          dout), args.warmup, args.iters)
+        med = {name: statistics.median(v) for name, v in result.items()}
+        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}: fwd fa4.flex {med['fa4.flex']:6.1f}  Flex "
+              f"{med['Flex']:6.1f}  fa4.flex/Flex {med['fa4.flex'] / med['Flex']:.3f};  Flex fwd+bwd "
+              f"{3.5 * flops / (flex_step * 1e-3) / 1e12:6.1f};  fa4 tables ({tile[0]} x {tile[1]} tiles, "
+              f"{partial_tiles} partial per head set) {tables_ms:.2f} ms", flush=True)
+
+
 def bench_gqa_decode(args, dtype):
     """Short queries against a long KV cache with GQA (32 query heads on 8 K/V heads, hd128):
     pack-GQA stacks the 4 query heads of a K/V head in one tile. Memory-bound, so reported as
@@ -480,6 +541,8 @@ def main(argv=None):
                     help="also time masks through FlexAttention's API: this many random-length causal documents "
                          "in --tokens, and a causal 1024-key window (fa4.flex_attention, fa4's own API, torch's "
                          "flex_attention compiled)")
+    ap.add_argument("--flex-sparse", action="store_true",
+                    help="also time a random block-sparse mask_mod through FlexAttention's API (fa4's bitmask path)")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
@@ -556,6 +619,8 @@ def main(argv=None):
         bench_varlen(args, dtype)
     if args.flex_docs:
         bench_flex_masks(args, dtype)
+    if args.flex_sparse:
+        bench_flex_sparse(args, dtype)
     if args.gqa_decode:
         bench_gqa_decode(args, dtype)
     if args.gemm:

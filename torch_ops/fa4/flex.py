@@ -10,10 +10,13 @@ with separate key ids, the same documents in the same order, without one);
 ``prefix_lm(n)`` with an int n, as two calls over disjoint keys merged by their LSEs; and
 ``fa4.score_mods.softcap(c)`` with any of them. GQA/MQA with ``enable_gqa``; the LSE
 (``return_lse`` or ``return_aux=AuxRequest(lse=True)``); forward and backward, eager and under
-torch.compile. Every other combination (documents that are not contiguous runs, per-row prefix
-lengths, unions, any other mask_mod or score_mod, ``max_scores``) runs torch's flex_attention with
-the same arguments after a one-time warning naming the reason: the results are right either way,
-only the speed differs.
+torch.compile. Any other BlockMask (documents that are not contiguous runs, per-row prefix
+lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse forward
+(fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks) in eager
+calls where no input needs a gradient. Every other case (those masks in training or under
+torch.compile, any other score_mod, ``max_scores``) runs torch's flex_attention with the same
+arguments after a one-time warning naming the reason: the results are right either way, only the
+speed differs.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from fa4 import masks, score_mods
+from fa4 import block_sparse, masks, score_mods
 
 _WARNED: set[str] = set()
 
@@ -46,6 +49,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         raise ValueError(f"block_mask was made for (seqlen_q, seqlen_k) = {tuple(block_mask.seq_lengths)}; the "
                          f"inputs have ({sq}, {sk})")
     plan = _fa4_plan(score_mod, block_mask, return_aux, query.shape[0], sq, sk)
+    if isinstance(plan, str) and block_mask is not None:
+        plan = _sparse_plan(plan, score_mod, return_aux, query, key, value)
     if isinstance(plan, str):
         _warn_once(plan)
         from torch.nn.attention.flex_attention import flex_attention as torch_flex
@@ -54,7 +59,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                           enable_gqa=enable_gqa, return_lse=return_lse, kernel_options=kernel_options,
                           return_aux=return_aux)
     want_lse = return_lse or (return_aux is not None and return_aux.lse)
-    if plan.packing is not None:
+    if plan.sparse:
+        out, lse = _block_sparse(query, key, value, block_mask, plan.softcap, scale)
+    elif plan.packing is not None:
         out, lse = _packed(query, key, value, plan, scale, want_lse)
     elif plan.prefix is not None:
         out, lse = _prefixed(query, key, value, plan, scale)
@@ -77,6 +84,7 @@ class _Plan(NamedTuple):
     packing: masks.Packing | None = None  # documents as packed sequences: fa4.attention_varlen
     kv_packing: masks.Packing | None = None  # the keys' (packing's when queries and keys share ids)
     prefix: int | None = None  # prefix-LM: keys before it unmasked, the rest under ``window``
+    sparse: bool = False  # the BlockMask's blocks and bits: fa4::fwd_sparse (window unused)
 
 
 def _dense(query, key, value, window, softcap, scale, want_lse):
@@ -123,6 +131,33 @@ def _packed(query, key, value, plan: _Plan, scale, want_lse):
     return out, None if lse is None else lse.reshape(hq, b, sq).transpose(0, 1)
 
 
+def _block_sparse(query, key, value, block_mask, softcap, scale):
+    """fa4::fwd_sparse on (B, S, H, D) views, with the BlockMask's tables at the kernel's tiles."""
+    tile = block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device)
+    tables = block_sparse.tables(block_mask, query.shape[0], query.shape[1], tile)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    out, lse = torch.ops.fa4.fwd_sparse(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                        tables.counts, tables.blocks, tables.bits, tile[0], tile[1], scale,
+                                        softcap or 0.0)
+    return out.transpose(1, 2), lse
+
+
+def _sparse_plan(reason, score_mod, return_aux, query, key, value):
+    """The block-sparse plan for a BlockMask fa4 has no dense or packed kernel for, or why not."""
+    if (return_aux is not None and return_aux.max_scores) or not (
+            score_mod is None or isinstance(score_mod, score_mods.Softcap)):
+        return reason  # the score_mod / max_scores reason stands
+    if torch.compiler.is_compiling():
+        return f"{reason} (fa4's block-sparse kernel: eager calls only so far)"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return f"{reason} (fa4's block-sparse kernel has no backward yet)"
+    try:
+        block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device)
+    except NotImplementedError as missing:
+        return f"{reason} ({missing})"
+    return _Plan((-1, -1), score_mod.cap if score_mod is not None else None, sparse=True)
+
+
 def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
     """The fa4 call (_Plan) that computes this flex_attention call, or the reason there is none
     (a str)."""
@@ -139,7 +174,7 @@ def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
         mask_mod = block_mask.mask_mod
         if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask":
             # The block data alone is the mask (BlockMask.from_kv_blocks): block sparsity.
-            return "a BlockMask whose blocks are the mask (no mask_mod) has no fa4 kernel yet"
+            return "a BlockMask whose blocks are the mask (no mask_mod)"
     doc, mask_mod = masks.split_document(mask_mod)
     if doc is not None:
         return _document_plan(doc, mask_mod, softcap, batch, sq, sk)

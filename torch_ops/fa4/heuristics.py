@@ -15,7 +15,7 @@ RULES_PATH = Path(__file__).resolve().parent / "_native" / "libfa4_rules.so"
 # Kept in step with fa4_rules.h (test_heuristics checks them against the library).
 UNBOUNDED = 1 << 30
 _AUTO = -1
-MASK_KINDS = ("none", "causal", "local")  # fa4_mask_kind
+MASK_KINDS = ("none", "causal", "local", "sparse")  # fa4_mask_kind
 TILE_FAMILIES = ("regular", "short", "long")  # fa4_tile_family
 PACKABLE_GROUPS = (2, 4, 8, 16)  # query heads per K/V head that pack-GQA can stack in a tile
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import _native, heuristics, log, reference
+from fa4 import _native, block_sparse, heuristics, log, reference
 from fa4.validation import check_pack_gqa, check_qkv, check_scalars, native_error
 
 _native.define_operators()  # the schemas and native CUDA kernels of every fa4 operator
@@ -44,6 +44,53 @@ def _fwd_cpu(q, k, v, softmax_scale, causal=False, window_left=-1, window_right=
              pack_gqa=None, deterministic=False):
     mask = _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     return reference.attention_forward(q, k, v, softmax_scale, softcap, mask)
+
+
+# ------------------------------------------------------------------ block-sparse forward
+def _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap):
+    check_qkv(q, k, v)
+    check_scalars(softmax_scale, softcap)
+    b, sq, hq, _ = q.shape
+    m_tiles = -(-sq // tile_m) if tile_m > 0 else -1
+    for name, t, rank in (("kv_counts", kv_counts, 4), ("kv_blocks", kv_blocks, 4), ("kv_bits", kv_bits, 1)):
+        if t.dtype != torch.int32 or t.dim() != rank:
+            raise TypeError(f"{name} must be a {rank}-D torch.int32 tensor; got {t.dim()}-D {t.dtype}")
+    if tile_m <= 0 or tile_n <= 0 or tile_n % block_sparse.BITS_PER_WORD:
+        raise ValueError(f"tile_m must be > 0 and tile_n a positive multiple of 32; got ({tile_m}, {tile_n})")
+    if tuple(kv_counts.shape) != (b, hq, m_tiles, block_sparse.COUNT_FIELDS):
+        raise ValueError(f"kv_counts must have shape (batch, heads_q, ceil(seqlen_q / {tile_m}), 3) = "
+                         f"{(b, hq, m_tiles, 3)}; got {tuple(kv_counts.shape)}. Build the tables with "
+                         "fa4.block_sparse.tables.")
+    if tuple(kv_blocks.shape[:3]) != (b, hq, m_tiles) or kv_blocks.shape[3] < 1:
+        raise ValueError(f"kv_blocks must have shape (batch, heads_q, {m_tiles}, width >= 1); got "
+                         f"{tuple(kv_blocks.shape)}")
+    slot_words = tile_m * tile_n // block_sparse.BITS_PER_WORD
+    if kv_bits.numel() < slot_words or kv_bits.numel() % slot_words:
+        raise ValueError(f"kv_bits must hold whole slots of {slot_words} words; got {kv_bits.numel()}")
+
+
+@torch.library.register_fake("fa4::fwd_sparse")
+def _fwd_sparse_fake(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0):
+    _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
+    return _empty_outputs(q, v)
+
+
+@torch.library.impl("fa4::fwd_sparse", "CPU")
+def _fwd_sparse_cpu(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0):
+    _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
+    tables = block_sparse.SparseTables(kv_counts, kv_blocks, kv_bits, (tile_m, tile_n))
+    visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
+    return reference.attention_forward(q, k, v, softmax_scale, softcap, heuristics.resolve_mask(False, -1, -1),
+                                       visible)
+
+
+def _fwd_sparse_backward(ctx, dout, dlse):
+    raise NotImplementedError("fa4 has no block-sparse backward kernel yet: train with "
+                              "torch.nn.attention.flex_attention (fa4.flex_attention falls back to it when an input "
+                              "requires grad)")
+
+
+torch.library.register_autograd("fa4::fwd_sparse", _fwd_sparse_backward)
 
 
 # ------------------------------------------------------------------------------ backward

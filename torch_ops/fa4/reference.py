@@ -37,8 +37,9 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float64 else t.float()
 
 
-def _scores(q_chunk, k, scale: float, softcap: float, mask: MaskSpec, rows, seqlen_q: int):
-    """Scores (b, hkv, group, rows, sk) after softcap and masking, and tanh for the backward."""
+def _scores(q_chunk, k, scale: float, softcap: float, mask: MaskSpec, rows, seqlen_q: int, visible_rows=None):
+    """Scores (b, hkv, group, rows, sk) after softcap and masking (``visible_rows``: a further
+    mask, broadcastable to them), and tanh for the backward."""
     s = torch.einsum("bihgd,bjhd->bhgij", _acc(q_chunk), _acc(k)) * scale
     tanh = None
     if softcap > 0.0:
@@ -47,6 +48,8 @@ def _scores(q_chunk, k, scale: float, softcap: float, mask: MaskSpec, rows, seql
     visible = _visible(mask, rows, seqlen_q, k.shape[1])
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))
+    if visible_rows is not None:
+        s = s.masked_fill(~visible_rows, float("-inf"))
     return s, tanh
 
 
@@ -55,8 +58,9 @@ def _grouped(q, heads_kv: int):
     return q.view(b, sq, heads_kv, hq // heads_kv, d)
 
 
-def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec):
-    """(out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32). Rows that see no key give 0 / -inf."""
+def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec, visible=None):
+    """(out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32). Rows that see no key give 0 / -inf.
+    ``visible``: an extra (b or 1, hq or 1, sq, sk) bool mask (block-sparse calls)."""
     b, sq, hq, _ = q.shape
     hk, dv = k.shape[2], v.shape[3]
     out = q.new_empty(b, sq, hq, dv)
@@ -70,7 +74,11 @@ def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec):
     step = _chunk_rows(b, hq, k.shape[1])
     for start in range(0, sq, step):
         rows = torch.arange(start, min(start + step, sq), device=q.device)
-        s, _ = _scores(qg[:, start:start + len(rows)], k, scale, softcap, mask, rows, sq)
+        visible_rows = None
+        if visible is not None:
+            g = visible.expand(b, hq, sq, k.shape[1])[:, :, start:start + len(rows)]
+            visible_rows = g.reshape(b, hk, hq // hk, len(rows), k.shape[1])
+        s, _ = _scores(qg[:, start:start + len(rows)], k, scale, softcap, mask, rows, sq, visible_rows)
         m = s.amax(-1, keepdim=True)
         m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         p = torch.exp(s - m)

@@ -38,7 +38,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4_kernels.block_info import BlockInfo, TileRows, block_rows, row_shift
+from fa4_kernels.block_info import BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
 from fa4_kernels.hopper_mma import (
     always_one_after,
     new_accumulator,
@@ -100,6 +100,7 @@ class FlashAttentionForwardSm90:
         speculative_max: bool = False,
         rebuild_schedule: bool = False,
         epilogue_addresses_per_tile: bool = False,
+        block_sparse: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -112,6 +113,10 @@ class FlashAttentionForwardSm90:
         self.is_local = is_local
         self.has_softcap = has_softcap
         self.is_varlen = is_varlen
+        # Block-sparse (a FlexAttention BlockMask): each tile visits the K/V blocks its row of the
+        # host's tables lists, partial ones masked by a bitmask (block_info.SparseBlocks).
+        self.block_sparse = block_sparse
+        assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tiles carry their own mask"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -120,7 +125,7 @@ class FlashAttentionForwardSm90:
         self.num_consumer_wg = tile_m // ROWS_PER_WG
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
         # Masked tiles and packed sequences differ in length: balance them dynamically.
-        self.dynamic_schedule = is_causal or is_local or is_varlen
+        self.dynamic_schedule = is_causal or is_local or is_varlen or block_sparse
         # Equal tiles go out statically; the last round's tiles may then be split into pieces
         # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
         self.split_tail = split_tail
@@ -250,6 +255,9 @@ class FlashAttentionForwardSm90:
         mCuSeqlensK: cute.Tensor,  # varlen: (batch + 1,) into the packed k/v
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
         mSeqOrder: cute.Tensor,  # varlen: (batch,) permutation: sequences in scheduling order
+        mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, 3) int32 (block_info.SparseBlocks)
+        mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, width) int32 K/V blocks
+        mSparseBits: cute.Tensor,  # block-sparse: flat int32 bitmask slots (mask.AttentionMask.load_bits)
         softmax_scale: Float32,
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
@@ -341,7 +349,8 @@ class FlashAttentionForwardSm90:
 
         self.kernel(
             tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mSemaphores, mPartials,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, mSparseCounts, mSparseBlocks, mSparseBits,
+            max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
             tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -370,6 +379,9 @@ class FlashAttentionForwardSm90:
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,
         mSeqOrder: cute.Tensor,
+        mSparseCounts: cute.Tensor,
+        mSparseBlocks: cute.Tensor,
+        mSparseBits: cute.Tensor,
         max_seqlen_q: Int32,
         has_seqused_k: Int32,
         pack_gqa: Int32,
@@ -463,6 +475,7 @@ class FlashAttentionForwardSm90:
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
                                  partial_words_per_thread(self.head_dim_v))
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
+        sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
         tile_slots = storage.next_tile.get_tensor(cute.make_layout(HANDOFF_SLOTS))
         tile_mbar = storage.mbar_tile.data_ptr()
         o_free_mbar = storage.mbar_O.data_ptr()
@@ -473,7 +486,7 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
+                    mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa, sparse_tables,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
@@ -484,7 +497,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, make_scheduler,
+                partials, make_scheduler, sparse_tables,
             )
 
     @cute.jit
@@ -514,6 +527,7 @@ class FlashAttentionForwardSm90:
         o_free_mbar: cute.Pointer,
         seqlens,
         pack_gqa: Int32,
+        sparse_tables,
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
@@ -542,8 +556,8 @@ class FlashAttentionForwardSm90:
             tVsV, tVgV = cpasync.tma_partition(
                 tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
             )
-            n_block_min, n_block_max = self.block_range(block_info, seq.seqlen_q + shift, seq.seqlen_k, m_block,
-                                                        kv_lo, kv_hi)
+            block_at, num_steps = self.visiting_order(block_info, seq, shift, m_block, head_idx, batch_idx, kv_lo,
+                                                      kv_hi, sparse_tables)
 
             # The consumers release Q only after the previous tile's last Q @ K^T, and Q is read
             # once (never an L2 hit): fetch it into L2 now, about two K/V blocks ahead of that,
@@ -552,7 +566,7 @@ class FlashAttentionForwardSm90:
                 cute.prefetch(tma_atom_Q, tQgQ)
             # K of the last block first: the consumers start with Q @ K^T of that block.
             pipeline_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK[None, n_block_max - 1], tKsK[None, kv_state.index],
+            cute.copy(tma_atom_K, tKgK[None, block_at(0)], tKsK[None, kv_state.index],
                       tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
             pipeline_q.producer_acquire(q_state)
             if pack_gqa == 1:
@@ -573,20 +587,19 @@ class FlashAttentionForwardSm90:
             q_state.advance()
             # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
             # issue order (Q @ K^T of j-1 together with P @ V of j).
-            for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
-                n_block = n_block_max - 2 - i
+            for i in cutlass.range(num_steps - 1, unroll=1):
                 v_state = kv_state.clone()
                 kv_state.advance()
                 pipeline_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                cute.copy(tma_atom_K, tKgK[None, block_at(i + 1)], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
                 self.wait_o_stored(o_free_mbar, i == 0, tiles_loaded)
                 pipeline_v.producer_acquire(v_state)
-                cute.copy(tma_atom_V, tVgV[None, n_block + 1], tVsV[None, v_state.index],
+                cute.copy(tma_atom_V, tVgV[None, block_at(i)], tVsV[None, v_state.index],
                           tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
-            self.wait_o_stored(o_free_mbar, n_block_max - 1 - n_block_min <= 0, tiles_loaded)
+            self.wait_o_stored(o_free_mbar, num_steps - 1 <= 0, tiles_loaded)
             pipeline_v.producer_acquire(kv_state)
-            cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, kv_state.index],
+            cute.copy(tma_atom_V, tVgV[None, block_at(num_steps - 1)], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
             if const_expr(self.o_in_v):
@@ -641,6 +654,7 @@ class FlashAttentionForwardSm90:
         pack_gqa: Int32,
         partials: SplitPartials,
         make_scheduler,
+        sparse_tables,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -687,8 +701,18 @@ class FlashAttentionForwardSm90:
             seqlen_q_tiled = seq.seqlen_q + shift  # what K/V block ranges see
             mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.pack_log2,
                                  block_info.window_left, block_info.window_right)
-            n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
-                                                        kv_lo, kv_hi)
+            if const_expr(self.block_sparse):
+                # Steps count in the dense loops' terms: step i of the tile's visiting order runs
+                # as "block" n_block_max - 1 - i of a range [0, blocks visited), which is what
+                # the first-P @ V and last-Q @ K^T tests below compare; the masks never read it.
+                mCounts, mBlocks, mBits = sparse_tables
+                sparse = SparseBlocks.of_tile(mCounts, mBlocks, batch_idx, head_idx, m_block)
+                n_block_min, n_block_max = Int32(0), sparse.num_total
+                # The first block's bits, loaded under the waits for Q and K.
+                first_bits = mask.load_bits(mBits, sparse.first_slot, thr_mma_qk)
+            else:
+                n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
+                                                            kv_lo, kv_hi)
             skipped = Int32(0)
             if const_expr(self.skip_dead_blocks):
                 skip_state = kv_state.clone()
@@ -730,17 +754,23 @@ class FlashAttentionForwardSm90:
                 handoffs_o += 1
             warpgroup.wait_group(0)
             pipeline_k.consumer_release(kv_state)
-            first_block = lambda mask_seqlen: self.scores_to_probs(  # noqa: E731
+            first_block = lambda mask_seqlen, bits=None: self.scores_to_probs(  # noqa: E731
                 acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, rows.first_row, n_block_max - 1,
                 mask_seqlen=mask_seqlen, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
-                is_first=True,
+                is_first=True, bits=bits,
             )
             # Only a block reaching past seqlen_k needs the seqlen mask: at lengths that are a
             # multiple of tile_n (and in split pieces that end early) the first block is full,
             # and its softmax, which nothing overlaps, skips ~100 compare/select instructions.
             # Not with causal/local masks, whose first block is mostly masked anyway (and whose
             # hd64 softcap consumers spill with a second copy of it).
-            if const_expr(self.is_causal or self.is_local):
+            if const_expr(self.block_sparse):
+                # The bits hold the seqlen_k tail too (a block reaching past it is partial).
+                if sparse.num_partial > 0:
+                    first_block(False, first_bits)
+                else:
+                    first_block(False)
+            elif const_expr(self.is_causal or self.is_local):
                 first_block(True)
             elif n_block_max * self.tile_n > seq.seqlen_k:
                 first_block(True)
@@ -757,27 +787,36 @@ class FlashAttentionForwardSm90:
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 2)
 
-            step = lambda kv_state, n_block, mask_right, mask_left: self.overlapped_step(  # noqa: E731
+            step = lambda kv_state, n_block, mask_right, mask_left, bits_of=None: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
-                rows.first_row, mask_right, mask_left, pipeline_q, q_state, n_block_min, stamps,
+                rows.first_row, mask_right, mask_left, pipeline_q, q_state, n_block_min, stamps, bits_of,
             )
-            # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
-            n_block_max_unmasked = n_block_max - 1
-            if const_expr(self.is_causal or self.is_local):
-                n_right = block_info.n_block_min_right_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
-                for i in cutlass.range(cutlass.max(n_block_max_unmasked - n_right, 0), unroll=1):
-                    kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
-                n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
-            # ... the interior does not ...
-            n_left = block_info.n_block_min_no_left_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
-            for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
-                kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
-            # ... and a local window's left edge does again.
-            if const_expr(self.is_local):
-                n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_left)
-                for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
-                    kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
+            if const_expr(self.block_sparse):
+                # The partial blocks after the first, each with its slot's bits, then the full ones.
+                for i in cutlass.range(1, sparse.num_partial, unroll=1):
+                    slot = sparse.first_slot + i
+                    kv_state = step(kv_state, n_block_max - 1 - i, False, False,
+                                    lambda: mask.load_bits(mBits, slot, thr_mma_qk))
+                for i in cutlass.range(cutlass.max(sparse.num_partial, 1), sparse.num_total, unroll=1):
+                    kv_state = step(kv_state, n_block_max - 1 - i, False, False)
+            else:
+                # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
+                n_block_max_unmasked = n_block_max - 1
+                if const_expr(self.is_causal or self.is_local):
+                    n_right = block_info.n_block_min_right_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
+                    for i in cutlass.range(cutlass.max(n_block_max_unmasked - n_right, 0), unroll=1):
+                        kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
+                    n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
+                # ... the interior does not ...
+                n_left = block_info.n_block_min_no_left_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
+                for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
+                    kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
+                # ... and a local window's left edge does again.
+                if const_expr(self.is_local):
+                    n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_left)
+                    for i in cutlass.range(n_block_max_unmasked - n_block_min, unroll=1):
+                        kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, True)
 
             # Every Q @ K^T of this tile has completed: the producer may load the next Q (with
             # early_q_release, the last K/V step has said so unless the tile has one block).
@@ -880,6 +919,21 @@ class FlashAttentionForwardSm90:
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
         return m_block, head_idx, batch_idx, kv_lo, kv_hi, valid and in_share
 
+    def visiting_order(self, block_info: BlockInfo, seq: SeqlenInfo, shift, m_block, head_idx, batch_idx, kv_lo,
+                       kv_hi, sparse_tables):
+        """(block_at, num_steps): the i-th K/V block a tile visits, and how many it visits. Dense:
+        its block range from the last block down (on the causal diagonal the masked block comes
+        first, in the step nothing overlaps); block-sparse: its row of the tables (partial
+        blocks first, block_info.SparseBlocks)."""
+        if const_expr(self.block_sparse):
+            mCounts, mBlocks, _ = sparse_tables
+            sparse = SparseBlocks.of_tile(mCounts, mBlocks, batch_idx, head_idx, m_block)
+            n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
+            return (lambda i: sparse.n_block(i, n_blocks)), sparse.num_total
+        n_block_min, n_block_max = self.block_range(block_info, seq.seqlen_q + shift, seq.seqlen_k, m_block,
+                                                    kv_lo, kv_hi)
+        return (lambda i: n_block_max - 1 - i), n_block_max - n_block_min
+
     def block_range(self, block_info: BlockInfo, seqlen_q, seqlen_k, m_block, kv_lo, kv_hi):
         """The tile's K/V block range, cut to the piece [kv_lo, kv_hi) when the tail is split."""
         n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
@@ -914,11 +968,15 @@ class FlashAttentionForwardSm90:
         q_state,
         n_block_min: Int32,
         stamps=None,
+        bits_of=None,
     ):
-        """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it."""
+        """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it. ``bits_of``
+        (block-sparse partial blocks): loads the block's mask bits (AttentionMask.load_bits),
+        here, ahead of the waits."""
         count = kv_state.count
         stamp = lambda point: stamps.step(count, point) if const_expr(self.stamps == "all") else None  # noqa: E731
         stamp(0)
+        bits = bits_of() if const_expr(bits_of is not None) else None
         v_state = kv_state.clone()
         kv_state.advance()
         pipeline_k.consumer_wait(kv_state)
@@ -945,7 +1003,7 @@ class FlashAttentionForwardSm90:
             pipeline_k.consumer_release(kv_state)
         # Only unmasked steps guess: masked ones (a tile's diagonal or window-edge blocks, a
         # few per tile) keep the row max, as the mask's registers beside the kept scores spill.
-        speculative = self.speculative_max and not (mask_right or mask_left)
+        speculative = self.speculative_max and not (mask_right or mask_left or bits is not None)
         if const_expr(speculative):
             # Exponentials against the running max straight away (OnlineSoftmax.
             # speculative_step); the scores stay in acc_S for the rare redo below.
@@ -956,7 +1014,7 @@ class FlashAttentionForwardSm90:
         else:
             row_scale = self.scores_to_probs(
                 acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
-                mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False,
+                mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False, bits=bits,
             )
             probs = acc_S
         if const_expr(self.pv_wait != "row_max"):
@@ -1010,9 +1068,10 @@ class FlashAttentionForwardSm90:
         mask_right: cutlass.Constexpr[bool],
         mask_left: cutlass.Constexpr[bool],
         is_first: cutlass.Constexpr[bool],
+        bits: Optional[cute.Tensor] = None,
     ):
         self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block, mask_seqlen,
-                            mask_right, mask_left)
+                            mask_right, mask_left, bits)
         row_scale = softmax.step(acc_S, is_first)
         if const_expr(tOrP is not None):
             store_as_operand_a(acc_S, tOrP)
@@ -1031,14 +1090,18 @@ class FlashAttentionForwardSm90:
         mask_seqlen: cutlass.Constexpr[bool],
         mask_right: cutlass.Constexpr[bool],
         mask_left: cutlass.Constexpr[bool],
+        bits: Optional[cute.Tensor] = None,
     ):
-        """Soft-capping and the masks, in place on the scores."""
+        """Soft-capping and the masks, in place on the scores (``bits``: a block-sparse partial
+        block's, AttentionMask.load_bits)."""
         if const_expr(self.has_softcap):
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
         if const_expr(mask_seqlen or mask_right or mask_left):
             mask.apply(acc_S, thr_mma_qk, first_row, n_block, mask_seqlen,
                        mask_right and self.is_causal, (mask_right or mask_left) and self.is_local)
+        if const_expr(bits is not None):
+            mask.apply_bits(acc_S, thr_mma_qk, bits)
 
     @cute.jit
     def warpgroup_n_block_max(self, block_info: BlockInfo, rows: TileRows, wg_idx: Int32, seq: SeqlenInfo,

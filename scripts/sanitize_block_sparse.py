@@ -1,0 +1,39 @@
+"""Small runs of the block-sparse forward (fa4::fwd_sparse) for compute-sanitizer: random
+BlockMasks with empty, partial and full blocks, tiles that see no key (the all-clear slot),
+blocks of 64 and (128, 64) against the kernels' tiles, GQA, more tiles than SMs (the dynamic
+schedule's hand-off ring), hd128 (128-key tiles, O in its own buffer) and hd256 (64-key tiles,
+O in V's buffer), softcap.
+
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py
+"""
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+import fa4
+from fa4 import score_mods
+
+torch.manual_seed(0)
+dev = "cuda"
+
+
+def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2):
+    cells = (-(-sq // 64) + 1, -(-sk // 64) + 1)
+    keep, partial = torch.rand(cells, device=dev) < 0.5, torch.rand(cells, device=dev) < 0.5
+    keep[0] = False
+
+    def mask_mod(b, h, q, kv):
+        return keep[q // 64, kv // 64] & (~partial[q // 64, kv // 64] | ((q + 2 * kv) % 3 != 0))
+
+    block_mask = create_block_mask(mask_mod, None, None, sq, sk, device=dev, BLOCK_SIZE=block)
+    q = torch.randn(batch, hq, sq, d, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, hk, sk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
+
+
+run(1000, 777, 8, 2, 128, 128)
+run(700, 1100, 4, 4, 128, (128, 64), score_mods.softcap(20.0))
+run(2000, 2000, 40, 40, 128, 64, batch=1)  # 640 tiles: several per CTA
+run(500, 900, 4, 2, 256, 128)
+run(1500, 600, 16, 16, 256, 64, batch=1)
+torch.cuda.synchronize()
+print("ok")

@@ -1,0 +1,123 @@
+"""fa4's block-sparse forward (fa4::fwd_sparse through fa4.flex_attention) on CUDA: random
+BlockMasks with empty, partial and full blocks, rows that see no key, BlockMask block sizes that
+differ from the kernel's tiles, odd lengths, GQA, every head dim, softcap; within twice the
+error of the same math in the input dtype of a float64 formula, with the variant named."""
+import math
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+import fa4
+from fa4 import _native, block_sparse, score_mods
+
+from ..conftest import requires_hopper
+
+pytestmark = [pytest.mark.gpu, requires_hopper]
+
+
+def random_mask_mod(sq, sk, block, heads, seed, per_head):
+    """Half of the (block x block) cells kept, half of those partial (a per-element pattern),
+    and the first query block's rows seeing nothing at all."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    qb, kb = -(-sq // block[0]) + 1, -(-sk // block[1]) + 1
+    keep = (torch.rand(qb, kb, generator=g) < 0.5).cuda()
+    partial = (torch.rand(qb, kb, generator=g) < 0.5).cuda()
+    keep[0] = False
+
+    def mask_mod(b, h, q, kv):
+        cell_q, cell_k = q // block[0], kv // block[1]
+        pattern = (q * 7 + kv * 3 + (h if per_head else 0)) % 5 != 0
+        return keep[cell_q, cell_k] & (~partial[cell_q, cell_k] | pattern)
+
+    return mask_mod
+
+
+def reference(q, k, v, visible, scale, softcap, dtype):
+    """(out, lse) of masked attention computed in ``dtype`` ((b, h, s, d) layout, GQA repeated);
+    rows that see no key give 0 and -inf."""
+    hq = q.shape[1]
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
+    s = (q @ k.transpose(-1, -2)).to(torch.float64 if dtype == torch.float64 else torch.float32) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return (p.to(dtype) @ v).to(torch.float64), lse
+
+
+CASES = [  # (head_dim, head_dim_v, dtype, sq, sk, BlockMask block, heads q/kv, softcap, per-head mask)
+    (64, 64, torch.bfloat16, 1000, 1000, 128, (4, 4), 0.0, False),
+    (96, 96, torch.float16, 777, 901, 64, (4, 2), 0.0, True),
+    (128, 128, torch.bfloat16, 1023, 1537, (128, 64), (8, 2), 0.0, False),
+    (128, 128, torch.bfloat16, 640, 333, 128, (2, 2), 30.0, True),
+    (192, 128, torch.bfloat16, 555, 1111, 128, (4, 4), 0.0, False),
+    (192, 192, torch.float16, 700, 700, 64, (2, 1), 20.0, False),
+    (256, 256, torch.bfloat16, 513, 1025, 128, (4, 4), 0.0, True),
+    (64, 64, torch.float16, 129, 4095, (64, 128), (2, 2), 15.0, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}x{c[4]}-blk{c[5]}"
+                                                       f"-h{c[6][0]}/{c[6][1]}-cap{c[7]}-{'head' if c[8] else 'bcast'}")
+def test_block_sparse_forward_matches_float64(case):
+    d, dv, dtype, sq, sk, block, (hq, hk), softcap, per_head = case
+    batch = 2
+    mask_mod = random_mask_mod(sq, sk, (block, block) if isinstance(block, int) else block, hq, sq + sk, per_head)
+    block_mask = create_block_mask(mask_mod, None, hq if per_head else None, sq, sk, device="cuda",
+                                   BLOCK_SIZE=block)
+    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
+    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
+    v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
+    # Non-contiguous views: the (B, H, S, D) inputs are slices of wider buffers.
+    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d]
+    score_mod = score_mods.softcap(softcap) if softcap else None
+    out, lse = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
+                                  return_lse=True)
+    launch = _native.last_launch("fwd")
+    assert launch is not None and "sparse" in launch["name"], launch
+    visible = create_mask(mask_mod, None, hq if per_head else None, sq, sk, device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    want, want_lse = reference(q, k, v, visible, scale, softcap, torch.float64)
+    same_math, _ = reference(q, k, v, visible, scale, softcap, dtype)
+    seen = visible.expand(batch, hq, sq, sk).any(-1)
+    assert seen.any() and not seen.all()  # the mask has rows that see nothing
+    err = (out.double() - want)[seen].abs().max().item()
+    base = (same_math - want)[seen].abs().max().item()
+    assert err <= 2 * base + 1e-3, (err, base)
+    assert torch.all(out[~seen] == 0) and torch.all(torch.isneginf(lse[~seen]))
+    assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 1e-3
+
+
+def test_tables_reused_and_block_data_alone():
+    """A BlockMask without a mask_mod (its blocks are the mask), through the same tables on a
+    second call; the kernel agrees with torch's flex_attention on it."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    sq = sk = 1024
+    g = torch.Generator(device="cpu").manual_seed(3)
+    dense = (torch.rand(1, 1, 8, 8, generator=g) < 0.4).cuda()
+    dense[..., 0] = True
+    num = dense.sum(-1, dtype=torch.int32)
+    idx = torch.argsort(dense.int(), dim=-1, descending=True, stable=True).to(torch.int32)
+    block_mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=128, seq_lengths=(sq, sk))
+    q, k, v = (torch.randn(1, 4, sq, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    first = fa4.flex_attention(q, k, v, block_mask=block_mask)
+    tile = block_sparse.kernel_tile(q.dtype, 128, 128, q.device)
+    assert block_sparse.tables(block_mask, 1, 4, tile) is block_sparse.tables(block_mask, 1, 4, tile)
+    again = fa4.flex_attention(q, k, v, block_mask=block_mask)
+    assert torch.equal(first, again)
+    want = torch.compile(flex_attention)(q, k, v, block_mask=block_mask)
+    assert (first.float() - want.float()).abs().max() <= 2e-2
+
+
+def test_training_falls_back_until_the_backward_lands():
+    mask_mod = random_mask_mod(256, 256, (128, 128), 2, 0, False)
+    block_mask = create_block_mask(mask_mod, None, None, 256, 256, device="cuda")
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with pytest.warns(UserWarning, match="no backward yet"):
+        out = fa4.flex_attention(q, k, v, block_mask=block_mask)
+    out.sum().backward()
+    assert q.grad is not None

@@ -1,0 +1,108 @@
+"""fa4.block_sparse on the CPU: a BlockMask's tables at kernel tiles of any shape describe
+exactly FlexAttention's mask (full blocks visible, partial ones the mask_mod's, empty ones and
+the sequences' tails not), whatever the BlockMask's block sizes; tiles that see nothing visit
+the all-clear slot; the CPU operator computes attention over that mask."""
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from fa4 import block_sparse
+
+
+def flex_semantics(block_mask, mod, batch, heads, sq, sk):
+    """(batch, heads, sq, sk) bool: the keys FlexAttention lets each query see."""
+    b, h, q, kv = [torch.arange(n).view(*([1] * i), n, *([1] * (3 - i))) for i, n in enumerate((batch, heads, sq, sk))]
+    bq, bk = block_mask.BLOCK_SIZE
+    kind = block_sparse._block_kinds(block_mask)[:, :, q.view(sq, 1) // bq, kv.view(1, sk) // bk]
+    return ((kind == 2) | ((kind == 1) & mod(b, h, q, kv))).expand(batch, heads, sq, sk)
+
+
+def random_mod(sq, sk, seed):
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(sq // 8 + 1, sk // 8 + 1, generator=g) < 0.6
+    return lambda b, h, q, kv: keep[q // 8, kv // 8] & ((q * 5 + kv * 3 + h) % 4 != 0)
+
+
+@pytest.mark.parametrize("sq,sk,block,tile", [
+    (100, 77, 16, (16, 32)), (77, 100, (16, 32), (32, 32)), (65, 130, 32, (64, 32)), (33, 200, (8, 16), (16, 64)),
+    (128, 128, 64, (32, 32)),
+])
+def test_tables_describe_flex_semantics_at_any_tile(sq, sk, block, tile):
+    mod = random_mod(sq, sk, sq * sk)
+    block_mask = create_block_mask(mod, None, 2, sq, sk, device="cpu", BLOCK_SIZE=block)
+    tables = block_sparse.build_tables(block_mask, 3, 2, tile)
+    assert tables.counts.shape == (3, 2, -(-sq // tile[0]), 3) and tables.counts.stride(0) == 0
+    assert torch.equal(block_sparse.dense_mask(tables, sq, sk), flex_semantics(block_mask, mod, 3, 2, sq, sk))
+    partial, total, first = tables.counts.unbind(-1)
+    assert torch.all((1 <= total) & (partial <= total))
+    slots = tables.bits.view(-1, tile[0], tile[1] // 32)
+    assert torch.all(slots[0] == 0)  # the all-clear slot of tiles that see nothing
+    # A tile that sees no key visits one block through slot 0; the others' slots follow in order.
+    seen = block_sparse.dense_mask(tables, sq, sk).reshape(3, 2, -1).any(-1).any(-1)
+    assert seen.all()
+    assert int(first.max() + partial[first == first.max()].max()) <= slots.shape[0]
+
+
+def test_rows_that_see_nothing_and_key_tails():
+    """Keys past seqlen_k are never visible (a tile reaching past them is partial); a query tile
+    whose rows see nothing lists one partial block of slot 0."""
+    mod = lambda b, h, q, kv: q >= 32  # noqa: E731  rows 0-31 see nothing
+    block_mask = create_block_mask(mod, None, None, 64, 40, device="cpu", BLOCK_SIZE=32)
+    tables = block_sparse.build_tables(block_mask, 1, 1, (32, 32))
+    assert tables.counts[0, 0, 0].tolist() == [1, 1, 0]
+    assert tables.counts[0, 0, 1, :2].tolist() == [1, 2]  # block 0 full, block 1 partial (keys 32-39 of 64)
+    assert tables.blocks[0, 0, 1].tolist() == [1, 0]  # partial blocks first
+    dense = block_sparse.dense_mask(tables, 64, 40)
+    assert not dense[0, 0, :32].any() and dense[0, 0, 32:].all()
+
+
+def test_cpu_operator_matches_a_dense_float64_formula():
+    sq, sk = 70, 90
+    mod = random_mod(sq, sk, 1)
+    block_mask = create_block_mask(mod, None, 4, sq, sk, device="cpu", BLOCK_SIZE=16)
+    tables = block_sparse.build_tables(block_mask, 2, 4, (32, 32))
+    q = torch.randn(2, sq, 4, 16, dtype=torch.float64)
+    k, v = (torch.randn(2, sk, 2, 16, dtype=torch.float64) for _ in range(2))
+    out, lse = torch.ops.fa4.fwd_sparse(q, k, v, *tables[:3], 32, 32, 0.3, 5.0)
+    visible = flex_semantics(block_mask, mod, 2, 4, sq, sk)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(2, 2)) * 0.3
+    s = (5.0 * torch.tanh(s / 5.0)).masked_fill(~visible, float("-inf"))
+    want_lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - want_lse[..., None]).nan_to_num(0.0)
+    want = torch.einsum("bhqk,bkhd->bqhd", p, v.repeat_interleave(2, 2))
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(lse.double(), want_lse.float().double(), atol=1e-6, rtol=1e-6)
+
+
+def test_operator_names_the_table_it_rejects():
+    q = torch.randn(1, 10, 2, 16)
+    k = v = torch.randn(1, 10, 2, 16)
+    counts, blocks = torch.zeros(1, 2, 1, 3, dtype=torch.int32), torch.zeros(1, 2, 1, 1, dtype=torch.int32)
+    bits = torch.zeros(32, dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_counts must have shape"):
+        torch.ops.fa4.fwd_sparse(q, k, v, counts[:, :1], blocks, bits, 32, 32, 1.0)
+    with pytest.raises(TypeError, match="kv_blocks must be a 4-D torch.int32"):
+        torch.ops.fa4.fwd_sparse(q, k, v, counts, blocks.long(), bits, 32, 32, 1.0)
+    with pytest.raises(ValueError, match="whole slots"):
+        torch.ops.fa4.fwd_sparse(q, k, v, counts, blocks, bits[:5], 32, 32, 1.0)
+
+
+def test_block_sparse_tables_follow_the_batch_and_head_indices_the_mask_reads():
+    """Tables are per batch row / head only along the dimensions a broadcasting BlockMask's
+    mask_mod reads (traced), so its partial blocks see the call's indices, as in torch's kernels:
+    FlexAttention's semantics, full blocks all visible, partial ones the mask_mod's."""
+    keep = torch.tensor([[True, False], [True, True]])
+    mods = {
+        (False, False): lambda b, h, q, kv: keep[q // 16, kv // 16] & ((q + kv) % 3 != 0),
+        (True, False): lambda b, h, q, kv: (kv <= q + b),
+        (False, True): lambda b, h, q, kv: (q + kv + h) % 2 == 0,
+    }
+    for reads, mod in mods.items():
+        assert block_sparse._reads_batch_and_head(mod, "cpu") == reads
+        block_mask = create_block_mask(mod, None, None, 32, 32, device="cpu", BLOCK_SIZE=16)
+        tables = block_sparse.build_tables(block_mask, 3, 2, (16, 32))
+        dense = block_sparse.dense_mask(tables, 32, 32)
+        b, h, q, kv = [torch.arange(n).view(*([1] * i), n, *([1] * (3 - i))) for i, n in enumerate((3, 2, 32, 32))]
+        kind = block_sparse._block_kinds(block_mask)[:, :, q.view(32, 1) // 16, kv.view(1, 32) // 16]
+        want = (kind == 2) | ((kind == 1) & mod(b, h, q, kv))
+        assert torch.equal(dense, want.expand(3, 2, 32, 32))

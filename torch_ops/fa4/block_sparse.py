@@ -1,0 +1,246 @@
+"""FlexAttention BlockMasks as the tables fa4's block-sparse kernels read (``fa4::fwd_sparse``).
+
+A kernel tile of (tile_m queries, tile_n keys) is *empty* when every BlockMask block it overlaps
+is empty (never loaded), *full* when every one is full and it ends within the keys (no mask
+evaluated), and *partial* otherwise: then its mask is a bitmask, one bit per (query, key), made
+here with torch ops. Inside a BlockMask's partial blocks the bits are the ``mask_mod``'s (evaluated
+with ``torch.vmap``, as ``create_mask`` does), inside its full blocks all set, elsewhere and past
+the sequences clear. So BlockMask block sizes need not match the kernel's tiles: a tile that
+mixes kinds is partial. As in torch's kernels, ``mask_mod`` sees the call's batch and head
+indices: where the BlockMask broadcasts along a dimension the mask_mod reads (found by tracing
+it), the tables are built per index of that dimension.
+
+Tables (layout: ``fa4_fwd`` in csrc_shims/fa4_shim.h; kernel side: fa4_kernels.block_info.
+SparseBlocks and mask.AttentionMask.load_bits), broadcast over batch and heads where the
+BlockMask is:
+  counts (B, H, M, 3) int32: per query tile its partial blocks, all its blocks, and the bitmask
+         slot of its first partial block (its i-th partial block reads slot first + i);
+  blocks (B, H, M, N) int32: its K/V blocks, partial ones first;
+  bits   (slots * tile_m * tile_n / 32,) int32: slot 0 all clear (the one block a tile that
+         sees no key visits), then one slot per partial tile, in table order.
+Building them reads the number of partial tiles on the host (one sync); eager calls reuse the
+tables of a BlockMask they have seen (``tables`` caches them per BlockMask object).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import NamedTuple
+
+import torch
+
+BITS_PER_WORD = 32  # fa4_kernels.mask.BITS_PER_WORD
+COUNT_FIELDS = 3  # fa4_kernels.block_info.SPARSE_COUNT_FIELDS
+_EMPTY, _PARTIAL, _FULL = 0, 1, 2
+# Partial tiles whose mask_mod is evaluated at once (tiles x tile_m x tile_n booleans).
+_EVAL_ELEMENTS = 1 << 26
+# The tile the CPU implementation's tables use when no kernel is built (any shape works there).
+CPU_TILE = (128, 128)
+
+
+class SparseTables(NamedTuple):
+    counts: torch.Tensor
+    blocks: torch.Tensor
+    bits: torch.Tensor
+    tile: tuple[int, int]  # (tile_m, tile_n) the tables were built for
+
+
+def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torch.device) -> tuple[int, int]:
+    """(tile_m, tile_n) of the block-sparse forward that serves this call: the build's
+    manifest (fa4_kernels.heuristics.sparse_fwd_config decided it), CPU_TILE on the CPU."""
+    if device.type != "cuda":
+        return CPU_TILE
+    from fa4 import _native, heuristics
+
+    name = heuristics.DTYPE_NAMES.get(str(dtype))
+    for v in _native.manifest()["variants"]:
+        if (v.get("kernel", "fwd") == "fwd" and v["mask"] == "sparse" and v["dtype"] == name
+                and v["head_dim"] == head_dim and v["head_dim_v"] == head_dim_v and not v.get("varlen")):
+            return v["tile_m"], v["tile_n"]
+    raise NotImplementedError(f"this build of fa4 has no block-sparse kernel for dtype={dtype}, head_dim={head_dim}, "
+                              f"head_dim_v={head_dim_v}; use torch.nn.attention.flex_attention")
+
+
+# ------------------------------------------------------------------------------ tables
+_CACHE: dict[tuple, tuple[weakref.ref, SparseTables]] = {}
+
+
+def tables(block_mask, batch: int, heads: int, tile: tuple[int, int]) -> SparseTables:
+    """The tables of ``block_mask`` for (batch, heads) query heads and kernel tiles ``tile``;
+    eager calls reuse them for the same BlockMask object (torch.compile traces the build)."""
+    if torch.compiler.is_compiling():
+        return build_tables(block_mask, batch, heads, tile)
+    key = (id(block_mask), batch, heads, tile)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is block_mask:
+        return hit[1]
+    built = build_tables(block_mask, batch, heads, tile)
+    try:
+        ref = weakref.ref(block_mask, lambda _, key=key: _CACHE.pop(key, None))
+    except TypeError:  # not weakly referenceable: no caching
+        return built
+    _CACHE[key] = (ref, built)
+    return built
+
+
+def _block_kinds(block_mask) -> torch.Tensor:
+    """(Bm, Hm, QB, KB) int8: each BlockMask block empty, partial or full."""
+    num, idx = block_mask.kv_num_blocks, block_mask.kv_indices
+    kinds = torch.zeros(idx.shape, dtype=torch.int8, device=idx.device)
+    width = idx.shape[-1]
+
+    def mark(num, idx, kind):
+        listed = torch.arange(width, device=idx.device) < num[..., None]
+        kinds.scatter_reduce_(-1, idx.long().clamp(0, width - 1), (listed * kind).to(torch.int8), reduce="amax")
+
+    mark(num, idx, _PARTIAL)
+    if block_mask.full_kv_num_blocks is not None:
+        mark(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, _FULL)
+    return kinds
+
+
+def _tile_kinds(kinds, block_size, seq_lengths, tile):
+    """(Bm, Hm, M, N) int8 kinds of the kernel tiles, from the blocks' kinds on a grid of
+    gcd(tile, block) cells."""
+    (bq, bk), (sq, sk), (tm, tn) = block_size, seq_lengths, tile
+    gq, gk = math.gcd(tm, bq), math.gcd(tn, bk)
+    m_tiles, n_tiles = -(-sq // tm), -(-sk // tn)
+    dev = kinds.device
+    rows = torch.arange(m_tiles * tm // gq, device=dev) * gq  # first row of each cell
+    cols = torch.arange(n_tiles * tn // gk, device=dev) * gk
+    cells = kinds[:, :, (rows // bq).clamp(max=kinds.shape[2] - 1)][..., (cols // bk).clamp(max=kinds.shape[3] - 1)]
+    row_real, col_real = (rows < sq)[:, None], (cols < sk)[None, :]
+    # Cells past seqlen_q do not count; cells past seqlen_k make a tile partial (its bits clear there).
+    visible = (cells > _EMPTY) & row_real & col_real
+    full = ((cells == _FULL) & col_real) | ~row_real
+    shape = (*kinds.shape[:2], m_tiles, tm // gq, n_tiles, tn // gk)
+    visible = visible.reshape(shape).any(5).any(3)
+    full = full.reshape(shape).all(5).all(3)
+    return torch.where(full, _FULL, torch.where(visible, _PARTIAL, _EMPTY)).to(torch.int8)
+
+
+def _vmapped(mask_mod):
+    """mask_mod over (tiles) x (tile_m rows) x (tile_n cols): b, h (P,), q (P, tm), kv (P, tn)."""
+    fn = torch.vmap(mask_mod, in_dims=(None, None, None, 0))
+    fn = torch.vmap(fn, in_dims=(None, None, 0, None))
+    return torch.vmap(fn, in_dims=(0, 0, 0, 0))
+
+
+def _tile_bits(block_mask, kinds, where, tile) -> torch.Tensor:
+    """(P, tile_m, tile_n / 32) int32 bitmasks of the partial tiles at ``where`` (P x (b, h, m, n))."""
+    (bq, bk), (sq, sk), (tm, tn) = block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile
+    dev = kinds.device
+    out = torch.empty((where.shape[0], tm, tn // BITS_PER_WORD), dtype=torch.int32, device=dev)
+    weights = (torch.ones((), dtype=torch.int64, device=dev) << torch.arange(BITS_PER_WORD, device=dev))
+    mask_mod = block_mask.mask_mod
+    evaluate = None if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask" else _vmapped(mask_mod)
+    step = max(1, _EVAL_ELEMENTS // (tm * tn))
+    for start in range(0, where.shape[0], step):
+        b, h, m, n = where[start:start + step].unbind(1)
+        q = m[:, None] * tm + torch.arange(tm, device=dev)
+        kv = n[:, None] * tn + torch.arange(tn, device=dev)
+        cell = kinds[b[:, None, None], h[:, None, None], (q // bq).clamp(max=kinds.shape[2] - 1)[:, :, None],
+                     (kv // bk).clamp(max=kinds.shape[3] - 1)[:, None, :]]
+        bits = cell == _FULL
+        if evaluate is not None:
+            partial = evaluate(b, h, q.clamp(max=sq - 1), kv.clamp(max=sk - 1))
+            bits |= (cell == _PARTIAL) & partial
+        else:  # no mask_mod: a partial block is all visible (BlockMask.from_kv_blocks)
+            bits |= cell == _PARTIAL
+        bits &= (q < sq)[:, :, None] & (kv < sk)[:, None, :]
+        words = (bits.reshape(*bits.shape[:2], -1, BITS_PER_WORD).to(torch.int64) * weights).sum(-1)
+        out[start:start + step] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return out
+
+
+def _reads_batch_and_head(mask_mod, device) -> tuple[bool, bool]:
+    """Does ``mask_mod`` read its batch / head index? From a trace of it under vmap (make_fx;
+    distinct input tensors on the mask's device, so each placeholder is its own); (True, True)
+    where it cannot be traced."""
+    if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask":
+        return False, False
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        args = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(4)]
+        graph = make_fx(_vmapped_grid(mask_mod))(*args).graph
+    except Exception:  # noqa: BLE001 (any failure: assume it reads both)
+        return True, True
+    users = [len(n.users) for n in graph.nodes if n.op == "placeholder"]
+    return users[0] > 0, users[1] > 0
+
+
+def _vmapped_grid(mask_mod):
+    """mask_mod over (b) x (h) x (q) x (kv), as torch's create_mask evaluates it."""
+    fn = mask_mod
+    for dims in ((None, None, None, 0), (None, None, 0, None), (None, 0, None, None), (0, None, None, None)):
+        fn = torch.vmap(fn, in_dims=dims)
+    return fn
+
+
+def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int]) -> SparseTables:
+    tm, tn = tile
+    if tn % BITS_PER_WORD:
+        raise ValueError(f"tile_n {tn} must be a multiple of {BITS_PER_WORD}")
+    bm, hm = block_mask.kv_num_blocks.shape[:2]
+    if bm not in (1, batch) or hm not in (1, heads):
+        raise ValueError(f"block_mask has (batch, heads) = ({bm}, {hm}); the inputs have ({batch}, {heads}) "
+                         "(a BlockMask broadcasts only along size-1 dimensions)")
+    kinds = _block_kinds(block_mask)
+    # Along a broadcast dimension the mask_mod reads, its partial blocks differ per index.
+    reads_b, reads_h = _reads_batch_and_head(block_mask.mask_mod, kinds.device)
+    kinds = kinds.expand(batch if reads_b else -1, heads if reads_h else -1, -1, -1)
+    tiles = _tile_kinds(kinds, block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile)
+    n_tiles = tiles.shape[-1]
+    cols = torch.arange(n_tiles, device=tiles.device, dtype=torch.int32)
+    order = torch.where(tiles == _PARTIAL, cols, torch.where(tiles == _FULL, n_tiles + cols, 2 * n_tiles + cols))
+    blocks = (order.sort(-1).values % n_tiles).to(torch.int32)
+    num_partial = (tiles == _PARTIAL).sum(-1, dtype=torch.int32)
+    total = (tiles != _EMPTY).sum(-1, dtype=torch.int32)
+    first_slot = (num_partial.flatten().cumsum(0, dtype=torch.int32) - num_partial.flatten() + 1).view_as(num_partial)
+    # Partial tiles in slot order: each tile's first num_partial list entries, tiles in table order.
+    listed = torch.arange(n_tiles, device=tiles.device) < num_partial[..., None]
+    b, h, m, j = listed.nonzero(as_tuple=True)  # the one host sync
+    where = torch.stack((b, h, m, blocks[b, h, m, j].long()), 1)
+    bits = _tile_bits(block_mask, kinds, where, tile)
+    # A tile that sees no key visits block 0 through the all-clear slot 0.
+    empty = total == 0
+    num_partial = torch.where(empty, 1, num_partial)
+    first_slot = torch.where(empty, 0, first_slot)
+    total = torch.where(empty, 1, total)
+    counts = torch.stack((num_partial, total, first_slot), -1)
+    zero_slot = torch.zeros((1, tm, tn // BITS_PER_WORD), dtype=torch.int32, device=tiles.device)
+    flat_bits = torch.cat((zero_slot, bits)).reshape(-1)
+    expand = lambda t: t.expand(batch, heads, *t.shape[2:])  # noqa: E731
+    return SparseTables(expand(counts), expand(blocks), flat_bits, (tm, tn))
+
+
+# -------------------------------------------------------------------------- the CPU side
+def dense_mask(tables: SparseTables, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """(B, H, seqlen_q, seqlen_k) bool: the mask the tables describe (the CPU implementation, tests)."""
+    counts, blocks, bits = tables.counts, tables.blocks, tables.bits
+    tm, tn = tables.tile
+    words = tn // BITS_PER_WORD
+    b, h, m_tiles, width = blocks.shape
+    n_tiles = -(-seqlen_k // tn)
+    dev = blocks.device
+    slots = bits.reshape(-1, tm, words)
+    shifts = torch.arange(BITS_PER_WORD, device=dev)
+    slot_bits = ((slots[..., None] >> shifts) & 1).bool().reshape(slots.shape[0], tm, tn)
+    mask = torch.zeros((b, h, m_tiles * tm, n_tiles * tn), dtype=torch.bool, device=dev)
+    tile_view = mask.view(b, h, m_tiles, tm, n_tiles, tn)
+    num_partial, total, first = (counts[..., i].clamp(min=0) for i in range(COUNT_FIELDS))
+    total = total.clamp(1, width)
+    num_partial = torch.minimum(num_partial, total)
+    for i in range(width):
+        n = blocks[..., i].long().clamp(0, n_tiles - 1)
+        is_partial, is_listed = i < num_partial, i < total
+        slot = (first + i).long().clamp(0, slots.shape[0] - 1)
+        tile_bits = torch.where(is_partial[..., None, None], slot_bits[slot],
+                                torch.ones((), dtype=torch.bool, device=dev))
+        tile_bits &= is_listed[..., None, None]
+        bi, hi, mi = torch.meshgrid(torch.arange(b, device=dev), torch.arange(h, device=dev),
+                                    torch.arange(m_tiles, device=dev), indexing="ij")
+        current = tile_view[bi, hi, mi, :, n]  # (b, h, m, tm, tn)
+        tile_view[bi, hi, mi, :, n] = current | tile_bits
+    return mask[:, :, :seqlen_q, :seqlen_k]
