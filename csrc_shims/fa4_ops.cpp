@@ -564,6 +564,13 @@ struct Varlen {
   int64_t max_seqlen_q, max_seqlen_k;
 };
 
+// A block-sparse backward's tables (fa4.block_sparse, transposed: per K/V block its query blocks)
+// and the tile shape they were built for.
+struct SparseTables {
+  Tensor counts, blocks, bits;
+  int64_t tile_m, tile_n;
+};
+
 // Launch the compiled forward. q/k/v/out (batch, seqlen, heads, dim) and lse (batch, heads,
 // seqlen), or packed: (total, heads, dim) and (heads, total) with `varlen`.
 void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &lse, fa4_mask mask, double scale,
@@ -702,7 +709,10 @@ void check_sparse_table(const Tensor &t, const char *name, const Tensor &q, int6
 }
 
 std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor counts, Tensor blocks, Tensor bits,
-                                      int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap) {
+                                      int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap,
+                                      std::optional<Tensor> q_counts, std::optional<Tensor> q_blocks,
+                                      std::optional<Tensor> q_bits, int64_t bwd_tile_m, int64_t bwd_tile_n) {
+  (void)q_counts, (void)q_blocks, (void)q_bits, (void)bwd_tile_m, (void)bwd_tile_n;  // for autograd
   Phases phases("fwd_sparse");
   check_qkv(q, k, v, 4);
   check_scalars(softmax_scale, softcap);
@@ -820,19 +830,25 @@ std::tuple<Tensor, Tensor> fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_q,
 std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                 const Tensor &lse, std::optional<Tensor> dlse, fa4_mask mask,
                                                 double scale, double softcap, bool deterministic,
-                                                const Varlen *varlen, Phases &phases) {
+                                                const Varlen *varlen, Phases &phases,
+                                                const SparseTables *sparse = nullptr) {
   int device = q.get_device_index();
   const DeviceFacts &dev = device_facts(device);
   int lead = varlen ? 1 : 0;
   const int64_t b = varlen ? 1 : q.size(0), sq = q.size(lead ? 0 : 1), hq = q.size(lead ? 1 : 2);
   const int64_t d = q.size(lead ? 2 : 3), sk = k.size(lead ? 0 : 1), dv = v.size(lead ? 2 : 3);
-  if (!varlen) mask = fa4_effective_mask(mask, sq, sk);  // as the forward ran
+  if (sparse) mask = fa4_mask{FA4_MASK_SPARSE, 0, 0};
+  else if (!varlen) mask = fa4_effective_mask(mask, sq, sk);  // as the forward ran
   Candidates main_c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen, FA4_KERNEL_BWD);
   Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, varlen, FA4_KERNEL_BWD_PRE);
   Candidates post_c = find_variants(dev, q.scalar_type(), 0, 0, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_POST);
   if (main_c.family[0] < 0 || pre_c.family[0] < 0 || post_c.family[0] < 0)
     unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_BWD);
   const fa4_variant &main_v = fa4_variants[main_c.family[0]], &pre_v = fa4_variants[pre_c.family[0]];
+  if (sparse)
+    FA4_VALUE(sparse->tile_m == main_v.tile_m && sparse->tile_n == main_v.tile_n,
+              "the backward tables were built for (tile_m, tile_n) = (", sparse->tile_m, ", ", sparse->tile_n,
+              "); this kernel's tiles are (", main_v.tile_m, ", ", main_v.tile_n, ") (fa4.block_sparse.kernel_tile)");
   fa4_tuning tune = tuning();
   void *stream = current_stream(device);
   phases.mark("select");
@@ -858,7 +874,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     num_m_blocks = (sq + stats_block - 1) / stats_block;
     num_n_blocks = (sk + tile_n - 1) / tile_n;
     double blocks = fa4_mean_visible_keys(sq, sk, mask) / (double)tile_n;  // per query block
-    store_first = fa4_bwd_store_first(0, num_n_blocks, blocks, tune.bwd_store_first);
+    // Block-sparse: zero-and-add (which K/V block reaches a query block first is the tables').
+    store_first = sparse ? 0 : fa4_bwd_store_first(0, num_n_blocks, blocks, tune.bwd_store_first);
     // The preprocess zeroes dQ's accumulator (with store_first only the rows no K/V block
     // reaches); every key row is in a visited K/V block.
     zero_rows = store_first ? fa4_keyless_rows(sq, sk, mask) : sq;
@@ -898,6 +915,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   fa4_tensor n_acc = dense_view(acc_data, {b, sq, hq, d});  // packed sequences: batch 1
   fa4_tensor n_q = view_of(q, lead), n_k = view_of(k, lead), n_v = view_of(v, lead);
   fa4_tensor n_dk = view_of(dk, lead), n_dv = view_of(dv_out, lead);
+  fa4_tensor n_counts{}, n_blocks{}, n_bits{};
+  if (sparse) n_counts = view_of(sparse->counts), n_blocks = view_of(sparse->blocks), n_bits = view_of(sparse->bits);
   fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
                         varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first};
@@ -909,7 +928,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
                  "backward preprocess");
     phases.mark("launch preprocess");
     check_status(fa4_bwd(main_c.family[0], &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
-                         &cu_k, &used_k, &n_sem, &params, stream),
+                         &cu_k, &used_k, &n_sem, sparse ? &n_counts : nullptr, sparse ? &n_blocks : nullptr,
+                         sparse ? &n_bits : nullptr, &params, stream),
                  "backward kernel");
     phases.mark("launch main");
     // dQ in the input dtype: the postprocess kernel (a torch copy cost ~10-12 us of host time).
@@ -940,6 +960,35 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   phases.mark("checks");
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(1) == 0) return zero_grads(q, k, v);
   return run_backward(dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap, deterministic, nullptr, phases);
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                                              std::optional<Tensor> dlse, Tensor counts, Tensor blocks, Tensor bits,
+                                              int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap) {
+  Phases phases("bwd_sparse");
+  check_qkv(q, k, v, 4);
+  check_scalars(softmax_scale, softcap);
+  check_sparse_table(counts, "q_counts", q, 4);
+  check_sparse_table(blocks, "q_blocks", q, 4);
+  check_sparse_table(bits, "q_bits", q, 1);
+  const int64_t n_blocks = tile_n > 0 ? (k.size(1) + tile_n - 1) / tile_n : -1;
+  FA4_VALUE(tile_m > 0 && tile_m % 32 == 0 && tile_n > 0, "tile_m must be a positive multiple of 32 and tile_n > 0");
+  FA4_VALUE(counts.size(0) == q.size(0) && counts.size(1) == q.size(2) && counts.size(2) == n_blocks &&
+                counts.size(3) == 3,
+            "q_counts must have shape (batch, heads_q, ceil(seqlen_k / ", tile_n, "), 3) = ",
+            tuple_text({q.size(0), q.size(2), n_blocks, 3}), "; got ", shape_text(counts),
+            ". Build the tables with fa4.block_sparse.tables(..., transposed=True).");
+  FA4_VALUE(blocks.size(0) == q.size(0) && blocks.size(1) == q.size(2) && blocks.size(2) == n_blocks &&
+                blocks.size(3) >= 1,
+            "q_blocks must have shape (batch, heads_q, ", n_blocks, ", width >= 1); got ", shape_text(blocks));
+  FA4_VALUE(bits.numel() >= tile_n * tile_m / 32 && bits.numel() % (tile_n * tile_m / 32) == 0,
+            "q_bits must hold whole slots of ", tile_n * tile_m / 32, " words; got ", bits.numel());
+  phases.mark("checks");
+  if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(1) == 0) return zero_grads(q, k, v);
+  if (!bits.is_contiguous()) bits = torch::stable::contiguous(bits);
+  SparseTables sparse{counts, blocks, bits, tile_m, tile_n};
+  return run_backward(dout, q, k, v, out, lse, dlse, fa4_mask{FA4_MASK_SPARSE, 0, 0}, softmax_scale, softcap, false,
+                      nullptr, phases, &sparse);
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
@@ -997,4 +1046,5 @@ STABLE_TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd_varlen", TORCH_BOX(&fwd_varlen));
   m.impl("bwd_varlen", TORCH_BOX(&bwd_varlen));
   m.impl("fwd_sparse", TORCH_BOX(&fwd_sparse));
+  m.impl("bwd_sparse", TORCH_BOX(&bwd_sparse));
 }

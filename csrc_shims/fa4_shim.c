@@ -246,7 +246,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                const fa4_tensor *dq_semaphore, const fa4_bwd_params *params, void *stream) {
+                const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
+                const fa4_tensor *sparse_bits, const fa4_bwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -296,12 +297,37 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 "(b, hq, ceil(seqlen_q / %d)) int32", variant->tile_m);
   if (num_seqs > 65535 || hk > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
+  fa4_tensor unused_table = {dq_semaphore->data, 4, {1, 1, 1, 1}, {1, 1, 1, 1}};
+  fa4_tensor unused_bits = {dq_semaphore->data, 1, {1}, {1}};
+  if (variant->mask == FA4_MASK_SPARSE) {
+    if ((status = check_tensor("sparse_counts", sparse_counts, 4, 4, 0)) ||
+        (status = check_tensor("sparse_blocks", sparse_blocks, 4, 4, 0)) ||
+        (status = check_tensor("sparse_bits", sparse_bits, 1, 4, 0)))
+      return status;
+    int64_t n_blocks = (sk + variant->tile_n - 1) / variant->tile_n;
+    int64_t slot_words = (int64_t)variant->tile_n * (variant->tile_m / 32);
+    for (int32_t i = 0; i < 3; i++)
+      if (sparse_counts->stride[i] < 0 || sparse_blocks->stride[i] < 0)
+        return fail(FA4_ERR_BAD_TENSOR, "sparse tables: strides must be >= 0");
+    if (sparse_counts->shape[0] != b || sparse_counts->shape[1] != hq || sparse_counts->shape[2] != n_blocks ||
+        sparse_counts->shape[3] != 3 || sparse_blocks->shape[0] != b || sparse_blocks->shape[1] != hq ||
+        sparse_blocks->shape[2] != n_blocks || sparse_bits->shape[0] % slot_words != 0 ||
+        params->num_n_blocks != n_blocks || params->deterministic || params->store_first || params->rotate)
+      return fail(FA4_ERR_BAD_TENSOR, "sparse tables: counts (%lld, %lld, %lld, 3) and blocks (%lld, %lld, %lld, "
+                  "width) for %d-key blocks, bits a whole number of %lld-word slots; all K/V blocks launched, "
+                  "no deterministic, store_first or rotate", (long long)b, (long long)hq, (long long)n_blocks,
+                  (long long)b, (long long)hq, (long long)n_blocks, variant->tile_n, (long long)slot_words);
+  } else {
+    sparse_counts = sparse_blocks = &unused_table;
+    sparse_bits = &unused_bits;
+  }
   if ((status = ready_on_current_device(index))) return status;
 
   last_launch[FA4_KERNEL_BWD] = (fa4_launch){index, 1, 0, 0, 0, params->store_first, params->rotate,
                                              params->deterministic, dq_semaphore->data, dq_semaphore->shape[0]};
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                             seqused_k, dq_semaphore, params, (cudaStream_t)stream);
+                             seqused_k, dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, params,
+                             (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -106,12 +106,18 @@ int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
  * unordered); sequences is b, or n for varlen. Otherwise any int32 tensor of rank 3. With
  * params->store_first (dense only, m_blocks = ceil(sq / tile_m)) dq_accum need not be zero: each
  * query block's first K/V block stores, but rows no K/V block reaches (those that see no key)
- * must be zero. Launches on `stream`. */
+ * must be zero. Block-sparse variants (FA4_MASK_SPARSE; dq_accum zero at launch, not deterministic,
+ * no store_first or rotate) read the tables of fa4_fwd transposed (NULL for the others):
+ * sparse_counts (b, hq, n_blocks, 3) and sparse_blocks (b, hq, n_blocks, width), per K/V block of
+ * tile_n keys and query head its query blocks of tile_m rows, partial ones first; sparse_bits
+ * (slots * tile_n * tile_m / 32,): per slot and key tile_m / 32 words, query i in bit i % 32 of
+ * word i // 32. A K/V block no query sees lists one partial block of an all-zero slot. */
 int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                const fa4_tensor *dq_semaphore, const fa4_bwd_params *params, void *stream);
+                const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
+                const fa4_tensor *sparse_bits, const fa4_bwd_params *params, void *stream);
 
 /* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims, varlen):
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);

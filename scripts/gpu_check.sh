@@ -19,8 +19,10 @@ if [ "${FA4_SANITIZE:-0}" = 1 ]; then
   for script in ${FA4_SANITIZE_SCRIPTS:-scripts/sanitize_new_paths.py scripts/sanitize_backward.py}; do
     for tool in racecheck synccheck memcheck; do
       log="$OUT/$tool-$(basename "$script" .py).log"
-      timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 python3 "$script" > "$log" 2>&1 || status=1
-      echo "$(basename "$script") $tool: $(grep -E 'SUMMARY' "$log" | tail -1)"
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 python3 "$script" > "$log" 2>&1
+      rc=$?; [ $rc = 0 ] || status=1
+      # The exit status too: a script that fails before its kernels run reports a clean summary.
+      echo "$(basename "$script") $tool: $(grep -E 'SUMMARY' "$log" | tail -1) (exit $rc)"
     done
   done
 fi

@@ -1,8 +1,10 @@
-"""Small runs of the block-sparse forward (fa4::fwd_sparse) for compute-sanitizer: random
-BlockMasks with empty, partial and full blocks, tiles that see no key (the all-clear slot),
-blocks of 64 and (128, 64) against the kernels' tiles, GQA, more tiles than SMs (the dynamic
-schedule's hand-off ring), hd128 (128-key tiles, O in its own buffer) and hd256 (64-key tiles,
-O in V's buffer), softcap.
+"""Small runs of the block-sparse kernels (fa4::fwd_sparse, and fa4::bwd_sparse through autograd)
+for compute-sanitizer: random BlockMasks with empty, partial and full blocks, tiles that see no
+key and keys no row sees (the all-clear slot), blocks of 64 and (128, 64) against the kernels'
+tiles, GQA (a backward CTA walks several query heads' tables), more tiles than SMs (the dynamic
+schedule's hand-off ring), hd128 (128-key tiles, O in its own buffer; backward "keys" layout),
+hd64 (128-query backward blocks) and hd256 (64-key tiles, O in V's buffer; backward "keys_roles"
+layout, dQ through the stages), softcap.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py
 """
@@ -16,7 +18,7 @@ torch.manual_seed(0)
 dev = "cuda"
 
 
-def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2):
+def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2, train=True):
     cells = (-(-sq // 64) + 1, -(-sk // 64) + 1)
     keep, partial = torch.rand(cells, device=dev) < 0.5, torch.rand(cells, device=dev) < 0.5
     keep[0] = False
@@ -25,14 +27,18 @@ def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2):
         return keep[q // 64, kv // 64] & (~partial[q // 64, kv // 64] | ((q + 2 * kv) % 3 != 0))
 
     block_mask = create_block_mask(mask_mod, None, None, sq, sk, device=dev, BLOCK_SIZE=block)
-    q = torch.randn(batch, hq, sq, d, device=dev, dtype=torch.bfloat16)
-    k, v = (torch.randn(batch, hk, sk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
+    q = torch.randn(batch, hq, sq, d, device=dev, dtype=torch.bfloat16, requires_grad=train)
+    k, v = (torch.randn(batch, hk, sk, d, device=dev, dtype=torch.bfloat16, requires_grad=train) for _ in range(2))
+    out = fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
+    if train:
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 
 
 run(1000, 777, 8, 2, 128, 128)
 run(700, 1100, 4, 4, 128, (128, 64), score_mods.softcap(20.0))
-run(2000, 2000, 40, 40, 128, 64, batch=1)  # 640 tiles: several per CTA
+run(2000, 2000, 40, 40, 128, 64, batch=1, train=False)  # 640 tiles: several per CTA
+run(600, 700, 4, 2, 64, 128, score_mods.softcap(10.0))
+run(600, 700, 4, 2, 64, 128)
 run(500, 900, 4, 2, 256, 128)
 run(1500, 600, 16, 16, 256, 64, batch=1)
 torch.cuda.synchronize()

@@ -192,6 +192,7 @@ def _compile_bwd(key: catalog.VariantKey):
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
+        block_sparse=key.mask == catalog.SPARSE_MASK,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)
@@ -199,7 +200,7 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), Int32(0), Int32(0),
+        dq_semaphore, *_sparse_tables(), Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), Int32(0), Int32(0),
         Int32(0), make_fake_stream(),
     )
 
@@ -298,7 +299,8 @@ TENSOR_ARGS = {
             "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits"},
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
-            "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore"},
+            "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore",
+            "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
                 "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mCuSeqlensQ": "cu_seqlens_q"},
     "bwd_post": {"mAccum": "dq_accum", "mOut": "dq"},
@@ -350,10 +352,13 @@ static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                        const fa4_tensor *lse_log2, const fa4_tensor *dpsum, const fa4_tensor *dq_accum,
                        const fa4_tensor *dk, const fa4_tensor *dv, const fa4_tensor *cu_seqlens_q,
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                       const fa4_tensor *dq_semaphore, const fa4_bwd_params *p, cudaStream_t stream) {{
+                       const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts,
+                       const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
+                       const fa4_bwd_params *p, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_dout, &t_lse_log2, &t_dpsum, &t_dq_accum, &t_dk,
                               &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_dq_semaphore,
+                              &t_sparse_counts, &t_sparse_blocks, &t_sparse_bits,
                               p->softmax_scale, p->softcap, p->window_left, p->window_right, p->num_n_blocks,
                               p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream);
 }}"""

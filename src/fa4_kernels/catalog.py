@@ -14,8 +14,8 @@ DTYPES = ("bf16", "fp16")
 # (head_dim, head_dim_v): the FlashAttention-3 set, plus DeepSeek-style (192, 128).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256))
 MASKS = ("none", "causal", "local")
-# Block-sparse forwards (FlexAttention BlockMasks through fa4.block_sparse's tables; partial
-# blocks masked by bits): a mask kind of their own, dense batches, every head dim.
+# Block-sparse kernels (FlexAttention BlockMasks through fa4.block_sparse's tables; partial
+# blocks masked by bits): a mask kind of their own, forward and backward, dense batches, every head dim.
 SPARSE_MASK = "sparse"
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
 # statistics it reads) and its postprocess (dQ's conversion to the input dtype).
@@ -30,7 +30,7 @@ class VariantKey:
     dtype: str  # "bf16" | "fp16"
     head_dim: int
     head_dim_v: int
-    mask: str  # "none" | "causal" | "local" | "sparse" (forward only)
+    mask: str  # "none" | "causal" | "local" | "sparse" (fwd and bwd)
     softcap: bool
     varlen: bool = False  # packed sequences delimited by cu_seqlens
     # Tile family (heuristics.fwd_config): "regular", or an extra dense variant the runtime
@@ -82,8 +82,9 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
             archs, DTYPES, dims, TILE_FAMILY_MASKS[tiles], (False, True))
     ]
     sparse = [
-        VariantKey(arch, dtype, hd, hdv, SPARSE_MASK, softcap)
-        for arch, dtype, (hd, hdv), softcap in itertools.product(archs, DTYPES, HEAD_DIMS, (False, True))
+        VariantKey(arch, dtype, hd, hdv, SPARSE_MASK, softcap, kernel=kernel)
+        for kernel, arch, dtype, (hd, hdv), softcap in itertools.product(
+            ("fwd", "bwd"), archs, DTYPES, HEAD_DIMS, (False, True))
     ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")

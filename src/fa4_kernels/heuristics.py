@@ -328,6 +328,8 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
+    # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.
+    assert key.mask != "sparse" or (cfg.tile_m % 32 == 0 and not key.varlen)
     return cfg
 
 

@@ -43,7 +43,8 @@ def neg_inf_unless_bit(x: Float32, word: Int32, bit: int, *, loc=None, ip=None) 
 
 
 # Bits per word of a block-sparse call's bitmask (fa4.block_sparse packs them): row r of a tile's
-# slot holds tile_n bits in tile_n / 32 int32 words, key j of the block in bit j % 32 of word j // 32.
+# slot holds tile_n bits in tile_n / 32 int32 words, key j of the block in bit j % 32 of word j // 32;
+# the backward's transposed slots hold per key row tile_m bits, query i in bit i % 32 of word i // 32.
 BITS_PER_WORD = 32
 
 
@@ -146,33 +147,43 @@ class AttentionMask:
                 acc_mn[r, c] = neg_inf_unless_between(acc_mn[r, c], t0ScS[0, c][1], low, high)
 
     # ------------------------------------------------------------- block-sparse partial blocks
+    def bits_tile(self, transposed: bool):
+        """(rows, columns) of the score tile a slot covers: (tile_m, tile_n), or the backward's
+        S^T (tile_n, tile_m)."""
+        return (self.tile_n, self.tile_m) if transposed else (self.tile_m, self.tile_n)
+
     @cute.jit
-    def load_bits(self, mBits: cute.Tensor, slot: Int32, thr_mma: cute.ThrMma) -> cute.Tensor:
-        """This thread's words of bitmask slot ``slot`` (mBits: flat int32, slots of tile_m rows
-        of tile_n / 32 words; the slot is clamped into it), one (row, word) pair per accumulator
-        row and word, each shifted right by the thread's first column so that the bit of a
-        column is that of thread 0's column (a compile-time constant; the shift keeps every bit
-        a thread tests within its word: columns sit at c % 32 <= 25 for thread 0, shifts <= 6)."""
-        words = self.tile_n // BITS_PER_WORD
-        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+    def load_bits(self, mBits: cute.Tensor, slot: Int32, thr_mma: cute.ThrMma,
+                  transposed: cutlass.Constexpr[bool] = False) -> cute.Tensor:
+        """This thread's words of bitmask slot ``slot`` (mBits: flat int32, slots of ``rows``
+        rows of ``cols`` / 32 words, bits_tile; the slot is clamped into it), one (row, word) pair
+        per accumulator row and word, each shifted right by the thread's first column so that
+        the bit of a column is that of thread 0's column (a compile-time constant; the shift keeps
+        every bit a thread tests within its word: columns sit at c % 32 <= 25 for thread 0,
+        shifts <= 6)."""
+        tile_rows, tile_cols = self.bits_tile(transposed)
+        words = tile_cols // BITS_PER_WORD
+        cS = cute.make_identity_tensor((tile_rows, tile_cols))
         tScS = rows_cols_view(thr_mma.partition_C(cS))
         rows = cute.size(tScS, mode=[0])
-        num_slots = cute.size(mBits.shape[0]) // (self.tile_m * words)
+        num_slots = cute.size(mBits.shape[0]) // (tile_rows * words)
         slot = cutlass.min(cutlass.max(slot, 0), num_slots - 1)
         col_offset = tScS[0][1]
         bits = cute.make_rmem_tensor((rows * words,), Int32)
         for r in cutlass.range_constexpr(rows):
-            base = (slot * self.tile_m + tScS[r, 0][0]) * words
+            base = (slot * tile_rows + tScS[r, 0][0]) * words
             for w in cutlass.range_constexpr(words):
                 bits[r * words + w] = mBits[base + w] >> col_offset
         return bits
 
     @cute.jit
-    def apply_bits(self, acc_S: cute.Tensor, thr_mma: cute.ThrMma, bits: cute.Tensor):
+    def apply_bits(self, acc_S: cute.Tensor, thr_mma: cute.ThrMma, bits: cute.Tensor,
+                   transposed: cutlass.Constexpr[bool] = False):
         """-inf at every score whose bit (``load_bits``) is clear."""
-        words = self.tile_n // BITS_PER_WORD
+        tile_rows, tile_cols = self.bits_tile(transposed)
+        words = tile_cols // BITS_PER_WORD
         acc_mn = rows_cols_view(acc_S)
-        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        cS = cute.make_identity_tensor((tile_rows, tile_cols))
         t0ScS = rows_cols_view(thr_mma.get_slice(0).partition_C(cS))
         for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
             for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):

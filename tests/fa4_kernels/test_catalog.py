@@ -40,7 +40,8 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     preprocess = [v for v in catalog.all_variants() if v.kernel == "bwd_pre"]
     assert {(v.head_dim, v.head_dim_v) for v in backward} == set(catalog.BWD_HEAD_DIMS)
     assert {(v.mask, v.softcap, v.varlen, v.dtype) for v in backward} == {
-        (m, sc, vl, d) for m in catalog.MASKS for sc in (False, True) for vl in (False, True) for d in catalog.DTYPES}
+        (m, sc, vl, d) for m in catalog.MASKS for sc in (False, True) for vl in (False, True) for d in catalog.DTYPES
+    } | {(catalog.SPARSE_MASK, sc, False, d) for sc in (False, True) for d in catalog.DTYPES}
     for key in backward:
         cfg = heuristics.bwd_config(key)
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
@@ -114,8 +115,10 @@ def test_o_gets_its_own_buffer_where_it_fits_and_v_is_large_enough_otherwise():
 
 
 def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
-    """One sparse forward per (dtype, head dims, softcap), dense batches: 128-row tiles whose
-    tile_n divides FlexAttention's 128-key blocks and is a whole number of 32-bit words."""
+    """One sparse forward and backward per (dtype, head dims, softcap), dense batches: forward
+    128-row tiles whose tile_n divides FlexAttention's 128-key blocks and is a whole number of
+    32-bit words; backward the dense shapes, whose query blocks (the transposed bits' rows) are
+    whole words too."""
     sparse = [v for v in forward_variants() if v.mask == catalog.SPARSE_MASK]
     assert len(sparse) == len(catalog.DTYPES) * len(catalog.HEAD_DIMS) * 2
     for key in sparse:
@@ -124,7 +127,13 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
         assert cfg.tile_m == 128 and cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0, key.name
         assert not cfg.split_tail and not cfg.skip_dead_blocks and cfg.lse_bulk_store, key.name
     assert {heuristics.fwd_config(k).tile_n for k in sparse if k.head_dim_v > 128} == {64}
-    assert not any(v.mask == catalog.SPARSE_MASK for v in catalog.all_variants() if v.kernel != "fwd")
+    sparse_bwd = [v for v in catalog.all_variants() if v.kernel == "bwd" and v.mask == catalog.SPARSE_MASK]
+    assert len(sparse_bwd) == len(sparse)
+    for key in sparse_bwd:
+        cfg = heuristics.bwd_config(key)
+        assert cfg.tile_m % 32 == 0 and not key.varlen, key.name
+        dense = heuristics.bwd_config(dataclasses.replace(key, mask="none"))
+        assert cfg == dense, key.name
 
 
 def test_dead_blocks_are_skipped_where_warpgroups_contend():

@@ -1,7 +1,8 @@
-"""fa4's block-sparse forward (fa4::fwd_sparse through fa4.flex_attention) on CUDA: random
-BlockMasks with empty, partial and full blocks, rows that see no key, BlockMask block sizes that
-differ from the kernel's tiles, odd lengths, GQA, every head dim, softcap; within twice the
-error of the same math in the input dtype of a float64 formula, with the variant named."""
+"""fa4's block-sparse kernels (fa4::fwd_sparse / fa4::bwd_sparse through fa4.flex_attention) on
+CUDA: random BlockMasks with empty, partial and full blocks, rows and keys that see nothing,
+BlockMask block sizes that differ from the kernels' tiles, odd lengths, GQA, every head dim,
+softcap; outputs and gradients within twice the error of the same math in the input dtype of a
+float64 formula, with the variants named."""
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import fa4
 from fa4 import _native, block_sparse, score_mods
 
 from ..conftest import requires_hopper
+from .test_sdpa_gpu import kernel_names
 
 pytestmark = [pytest.mark.gpu, requires_hopper]
 
@@ -35,11 +37,12 @@ def random_mask_mod(sq, sk, block, heads, seed, per_head):
 
 def reference(q, k, v, visible, scale, softcap, dtype):
     """(out, lse) of masked attention computed in ``dtype`` ((b, h, s, d) layout, GQA repeated);
-    rows that see no key give 0 and -inf."""
+    rows that see no key give 0 and -inf. Differentiable."""
     hq = q.shape[1]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
     q, k, v = (t.to(dtype) for t in (q, k, v))
     k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
-    s = (q @ k.transpose(-1, -2)).to(torch.float64 if dtype == torch.float64 else torch.float32) * scale
+    s = (q @ k.transpose(-1, -2)).to(acc) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~visible, float("-inf"))
@@ -72,16 +75,27 @@ def test_block_sparse_forward_matches_float64(case):
     k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
     v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
     # Non-contiguous views: the (B, H, S, D) inputs are slices of wider buffers.
-    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d]
+    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d].requires_grad_()
+    k.requires_grad_(), v.requires_grad_()
     score_mod = score_mods.softcap(softcap) if softcap else None
     out, lse = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
                                   return_lse=True)
     launch = _native.last_launch("fwd")
     assert launch is not None and "sparse" in launch["name"], launch
+    dout = torch.randn_like(out)
+    # The backward runs on autograd's device thread (the launch record is per thread): the
+    # profiler names its kernel; no other fa4 kernel serves this mask (torch's would warn).
+    names = kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    assert any("fa4_kernelssm90bwd" in n for n in names), names
+    grads = torch.autograd.grad(out, (q, k, v), dout)
     visible = create_mask(mask_mod, None, hq if per_head else None, sq, sk, device="cuda")
     scale = 1.0 / math.sqrt(d)
-    want, want_lse = reference(q, k, v, visible, scale, softcap, torch.float64)
-    same_math, _ = reference(q, k, v, visible, scale, softcap, dtype)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want, want_lse = reference(*exact, visible, scale, softcap, torch.float64)
+    want_grads = torch.autograd.grad(want, exact, dout.double())
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    same_math, _ = reference(*inputs, visible, scale, softcap, dtype)
+    same_grads = torch.autograd.grad(same_math.to(dtype), inputs, dout)
     seen = visible.expand(batch, hq, sq, sk).any(-1)
     assert seen.any() and not seen.all()  # the mask has rows that see nothing
     err = (out.double() - want)[seen].abs().max().item()
@@ -89,6 +103,10 @@ def test_block_sparse_forward_matches_float64(case):
     assert err <= 2 * base + 1e-3, (err, base)
     assert torch.all(out[~seen] == 0) and torch.all(torch.isneginf(lse[~seen]))
     assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 1e-3
+    for name, got, ref, same in zip("qkv", grads, want_grads, same_grads):
+        err = (got.double() - ref).abs().max().item()
+        base = (same.double() - ref).abs().max().item()
+        assert err <= 2 * base + 1e-3 * ref.abs().max().item(), (name, err, base)
 
 
 def test_tables_reused_and_block_data_alone():
@@ -113,11 +131,14 @@ def test_tables_reused_and_block_data_alone():
     assert (first.float() - want.float()).abs().max() <= 2e-2
 
 
-def test_training_falls_back_until_the_backward_lands():
-    mask_mod = random_mask_mod(256, 256, (128, 128), 2, 0, False)
-    block_mask = create_block_mask(mask_mod, None, None, 256, 256, device="cuda")
-    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    with pytest.warns(UserWarning, match="no backward yet"):
-        out = fa4.flex_attention(q, k, v, block_mask=block_mask)
-    out.sum().backward()
-    assert q.grad is not None
+def test_keys_no_query_sees_get_zero_gradients():
+    """K/V tiles that no row sees visit one query block through the all-clear slot: dK = dV = 0."""
+    mask_mod = lambda b, h, q, kv: kv < 300  # noqa: E731  keys 300-999 seen by nobody
+    block_mask = create_block_mask(mask_mod, None, None, 500, 1000, device="cuda")
+    q, k, v = (torch.randn(1, 2, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for n in (500, 1000, 1000))
+    out = fa4.flex_attention(q, k, v, block_mask=block_mask)
+    dk, dv = torch.autograd.grad(out, (k, v), torch.randn_like(out))
+    assert "sparse" in _native.last_launch("fwd")["name"]
+    assert torch.all(dk[:, :, 300:] == 0) and torch.all(dv[:, :, 300:] == 0)
+    assert dk[:, :, :300].abs().sum() > 0 and dv[:, :, :300].abs().sum() > 0

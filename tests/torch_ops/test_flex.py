@@ -102,16 +102,19 @@ def _doc_ids(n):
     return torch.tensor([i * 3 // n for i in range(n)])
 
 
-FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
-    "split documents": (lambda: masks.document(torch.arange(37) % 3, causal=True), None, (37, 37), "Document"),
-    "document cross ids, causal": (lambda: masks.document(_doc_ids(37), _doc_ids(37).clone(), causal=True), None,
+SPARSE_MASKS = {  # (mask_mod, lengths, the fallback reason's words): no dense or packed kernel
+    "split documents": (lambda: masks.document(torch.arange(37) % 3, causal=True), (37, 37), "Document"),
+    "document cross ids, causal": (lambda: masks.document(_doc_ids(37), _doc_ids(37).clone(), causal=True),
                                    (37, 37), "Document"),
-    "document cross ids, other order": (lambda: masks.document(_doc_ids(37), _doc_ids(37).flip(0)), None, (37, 37),
+    "document cross ids, other order": (lambda: masks.document(_doc_ids(37), _doc_ids(37).flip(0)), (37, 37),
                                         "Document"),
-    "prefix lm per row": (lambda: masks.prefix_lm(torch.tensor([9, 3])), None, (37, 37), "PrefixLM"),
-    "union": (lambda: masks.or_masks(masks.causal(), masks.sliding_window(0, 4)), None, (37, 37), "Or"),
-    "custom mask": (lambda: (lambda b, h, q, kv: (q - kv) % 3 == 0), None, (37, 37), "custom mask_mod"),
-    "causal, fewer queries": (lambda: masks.causal(), None, (29, 41), "window"),
+    "prefix lm per row": (lambda: masks.prefix_lm(torch.tensor([9, 3])), (37, 37), "PrefixLM"),
+    "union": (lambda: masks.or_masks(masks.causal(), masks.sliding_window(0, 4)), (37, 37), "Or"),
+    "custom mask": (lambda: (lambda b, h, q, kv: (q - kv) % 3 == 0), (37, 37), "custom mask_mod"),
+    "causal, fewer queries": (lambda: masks.causal(), (29, 41), "window"),
+}
+
+FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
     "alibi": (lambda: None, lambda: score_mods.alibi(torch.linspace(0.1, 0.8, 4, dtype=torch.float64)),
               (37, 37), "Alibi"),
     "relative bias": (lambda: masks.causal(), lambda: score_mods.relative_bias(
@@ -122,20 +125,12 @@ FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
 
 
 @pytest.mark.parametrize("case", list(FALLBACKS))
-def test_other_masks_and_score_mods_fall_back_to_torch_once(case, monkeypatch):
-    """score_mods fa4 has no kernel for; masks with no dense or packed kernel in training (the
-    block-sparse kernel has no backward yet: the plan says so; torch's flex_attention has no CPU
-    backward to run here)."""
+def test_other_score_mods_fall_back_to_torch_once(case, monkeypatch):
     monkeypatch.setattr(flex, "_WARNED", set())
     make_mask, make_score, (sq, sk), words = FALLBACKS[case]
-    mask_mod, score_mod = make_mask(), make_score and make_score()
+    mask_mod, score_mod = make_mask(), make_score()
     q, k, v = inputs(sq=sq, sk=sk)
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
-    if score_mod is None:
-        plan = flex._fa4_plan(None, block_mask, None, q.shape[0], sq, sk)
-        reason = flex._sparse_plan(plan, None, None, *inputs(sq=sq, sk=sk, grad=True))
-        assert isinstance(reason, str) and words in reason and "no backward yet" in reason
-        return
     with pytest.warns(UserWarning, match=words):
         out = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
     want, _ = naive_flex(q, k, v, score_mod, mask_mod)
@@ -145,22 +140,30 @@ def test_other_masks_and_score_mods_fall_back_to_torch_once(case, monkeypatch):
         fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # warned once
 
 
-@pytest.mark.parametrize("case", [c for c in FALLBACKS if FALLBACKS[c][1] is None])
-def test_other_masks_run_the_block_sparse_operator_without_gradients(case):
-    """The same masks in inference: fa4::fwd_sparse (its CPU implementation here) from the
-    BlockMask's tables, no fallback; a softcap rides along."""
-    make_mask, _, (sq, sk), _ = FALLBACKS[case]
+@pytest.mark.parametrize("case", list(SPARSE_MASKS))
+def test_other_masks_run_the_block_sparse_operators(case):
+    """Masks without a dense or packed kernel: fa4::fwd_sparse and, through its autograd,
+    fa4::bwd_sparse (their CPU implementations here) from the BlockMask's tables, no fallback;
+    values, the LSE and gradients against the dense float64 formula; a softcap rides along."""
+    make_mask, (sq, sk), _ = SPARSE_MASKS[case]
     mask_mod = make_mask()
-    q, k, v = inputs(sq=sq, sk=sk)
     block_mask = create_block_mask(mask_mod, None, None, sq, sk, device="cpu", BLOCK_SIZE=16)
-    plan = flex._sparse_plan("reason", None, None, q, k, v)
+    plan = flex._sparse_plan("reason", None, None, *inputs(sq=sq, sk=sk, grad=True))
     assert not isinstance(plan, str) and plan.sparse
     for score_mod in (None, score_mods.softcap(3.0)):
+        q, k, v = inputs(sq=sq, sk=sk, grad=True)
         out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                           return_lse=True))
-        want, want_lse = naive_flex(q, k, v, score_mod, mask_mod)
-        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-        torch.testing.assert_close(lse, want_lse.float().double(), atol=1e-6, rtol=1e-6)
+        assert_matches_formula(out, lse, (q, k, v), score_mod, mask_mod)
+
+
+def test_compiled_block_sparse_masks_fall_back(monkeypatch):
+    """Under torch.compile the tables' one host sync would break the graph: torch's kernel runs."""
+    plan = flex._fa4_plan(None, create_block_mask(SPARSE_MASKS["union"][0](), None, None, 37, 37, device="cpu"),
+                          None, 2, 37, 37)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    reason = flex._sparse_plan(plan, None, None, *inputs())
+    assert isinstance(reason, str) and "Or" in reason and "eager calls only" in reason
 
 
 def test_window_alignment_maps_onto_the_bottom_right_window():

@@ -413,8 +413,8 @@ def bench_flex_sparse(args, dtype) -> None:
     """A mask_mod fa4 reads only through its BlockMask and bits (fa4.block_sparse): half of the
     128 x 128 blocks of --tokens x --tokens kept at random, half of those partial (a per-element
     pattern keeping 4 keys in 5). fa4.flex_attention against torch's flex_attention compiled,
-    forward (fa4 has no block-sparse backward yet: torch's forward + backward is printed for
-    reference), TFLOP/s of useful work; the BlockMask's and fa4's tables' preparation times."""
+    forward and forward + backward (3.5x the forward's FLOPs), TFLOP/s of useful work; the
+    BlockMask's and fa4's tables' (forward and backward) preparation times."""
     from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
     from fa4 import block_sparse
@@ -442,12 +442,17 @@ def bench_flex_sparse(args, dtype) -> None:
     for head_dim, head_dim_v in args.head_dims:
         tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"))
         heads = args.hidden // head_dim
+        bwd_tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"), kernel="bwd")
         block_sparse.build_tables(block_mask, 1, heads, tile)  # warm-up
         torch.cuda.synchronize()
         start = time.perf_counter()
         tables = block_sparse.build_tables(block_mask, 1, heads, tile)
         torch.cuda.synchronize()
         tables_ms = (time.perf_counter() - start) * 1e3
+        start = time.perf_counter()
+        block_sparse.build_tables(block_mask, 1, heads, bwd_tile, transposed=True)
+        torch.cuda.synchronize()
+        bwd_tables_ms = (time.perf_counter() - start) * 1e3
         partial_tiles = tables.bits.numel() // (tile[0] * tile[1] // 32) - 1
         sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
                       for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
@@ -455,18 +460,24 @@ def bench_flex_sparse(args, dtype) -> None:
         flops = 2 * heads * pairs * (head_dim + head_dim_v)
         fns = {"fa4.flex": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask),
                "Flex": lambda q, k, v: compiled(q, k, v, block_mask=block_mask)}
-        result = {}
-        for r in range(args.rounds):
-            for name in list(fns)[r % 2:] + list(fns)[:r % 2]:
-                ms = time_ms(lambda i, fn=fns[name]: fn(*(t.detach() for t in sets[i % 3])), args.warmup, args.iters)
-                result.setdefault(name, []).append(flops / (ms * 1e-3) / 1e12)
-        flex_step = time_ms(lambda i: torch.autograd.grad(compiled(*sets[i % 3], block_mask=block_mask), sets[i % 3],
-                                                          dout), args.warmup, args.iters)
-        med = {name: statistics.median(v) for name, v in result.items()}
-        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}: fwd fa4.flex {med['fa4.flex']:6.1f}  Flex "
-              f"{med['Flex']:6.1f}  fa4.flex/Flex {med['fa4.flex'] / med['Flex']:.3f};  Flex fwd+bwd "
-              f"{3.5 * flops / (flex_step * 1e-3) / 1e12:6.1f};  fa4 tables ({tile[0]} x {tile[1]} tiles, "
-              f"{partial_tiles} partial per head set) {tables_ms:.2f} ms", flush=True)
+        cells = []
+        for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+            result = {}
+            for r in range(args.rounds):
+                for name in list(fns)[r % 2:] + list(fns)[:r % 2]:
+                    fn = fns[name]
+                    if what == "fwd":
+                        call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
+                    else:
+                        call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
+                    ms = time_ms(call, args.warmup, args.iters)
+                    result.setdefault(name, []).append(factor * flops / (ms * 1e-3) / 1e12)
+            med = {name: statistics.median(v) for name, v in result.items()}
+            cells.append(f"{what}: fa4.flex {med['fa4.flex']:6.1f}  Flex {med['Flex']:6.1f}  fa4.flex/Flex "
+                         f"{med['fa4.flex'] / med['Flex']:.3f}")
+        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}: " + ";  ".join(cells) + f";  fa4 tables "
+              f"({tile[0]} x {tile[1]} tiles, {partial_tiles} partial) {tables_ms:.2f} ms, backward's "
+              f"({bwd_tile[0]} x {bwd_tile[1]}) {bwd_tables_ms:.2f} ms", flush=True)
 
 
 def bench_gqa_decode(args, dtype):

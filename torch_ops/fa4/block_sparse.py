@@ -10,9 +10,10 @@ mixes kinds is partial. As in torch's kernels, ``mask_mod`` sees the call's batc
 indices: where the BlockMask broadcasts along a dimension the mask_mod reads (found by tracing
 it), the tables are built per index of that dimension.
 
-Tables (layout: ``fa4_fwd`` in csrc_shims/fa4_shim.h; kernel side: fa4_kernels.block_info.
-SparseBlocks and mask.AttentionMask.load_bits), broadcast over batch and heads where the
-BlockMask is:
+Tables (layout: ``fa4_fwd`` / ``fa4_bwd`` in csrc_shims/fa4_shim.h; kernel side:
+fa4_kernels.block_info.SparseBlocks and mask.AttentionMask.load_bits), broadcast over batch and
+heads where the BlockMask is; the backward's are *transposed*: per K/V tile its query tiles, and
+per slot one row of bits over the queries for each key:
   counts (B, H, M, 3) int32: per query tile its partial blocks, all its blocks, and the bitmask
          slot of its first partial block (its i-th partial block reads slot first + i);
   blocks (B, H, M, N) int32: its K/V blocks, partial ones first;
@@ -43,21 +44,26 @@ class SparseTables(NamedTuple):
     blocks: torch.Tensor
     bits: torch.Tensor
     tile: tuple[int, int]  # (tile_m, tile_n) the tables were built for
+    transposed: bool = False  # the backward's: rows of the tables are K/V tiles
 
 
-def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torch.device) -> tuple[int, int]:
-    """(tile_m, tile_n) of the block-sparse forward that serves this call: the build's
-    manifest (fa4_kernels.heuristics.sparse_fwd_config decided it), CPU_TILE on the CPU."""
+def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torch.device, softcap: bool = False,
+                kernel: str = "fwd") -> tuple[int, int]:
+    """(tile_m, tile_n) of the block-sparse ``kernel`` ("fwd" or "bwd") that serves this call:
+    the build's manifest (fa4_kernels.heuristics decided it: hd64's backward with softcap takes
+    64-query blocks, without 128), CPU_TILE on the CPU."""
     if device.type != "cuda":
         return CPU_TILE
     from fa4 import _native, heuristics
 
     name = heuristics.DTYPE_NAMES.get(str(dtype))
     for v in _native.manifest()["variants"]:
-        if (v.get("kernel", "fwd") == "fwd" and v["mask"] == "sparse" and v["dtype"] == name
+        if (v.get("kernel", "fwd") == kernel and v["mask"] == "sparse" and v["dtype"] == name
+                and v["softcap"] == bool(softcap)
                 and v["head_dim"] == head_dim and v["head_dim_v"] == head_dim_v and not v.get("varlen")):
             return v["tile_m"], v["tile_n"]
-    raise NotImplementedError(f"this build of fa4 has no block-sparse kernel for dtype={dtype}, head_dim={head_dim}, "
+    what = "kernel" if kernel == "fwd" else "backward kernel"
+    raise NotImplementedError(f"this build of fa4 has no block-sparse {what} for dtype={dtype}, head_dim={head_dim}, "
                               f"head_dim_v={head_dim_v}; use torch.nn.attention.flex_attention")
 
 
@@ -65,16 +71,17 @@ def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torc
 _CACHE: dict[tuple, tuple[weakref.ref, SparseTables]] = {}
 
 
-def tables(block_mask, batch: int, heads: int, tile: tuple[int, int]) -> SparseTables:
-    """The tables of ``block_mask`` for (batch, heads) query heads and kernel tiles ``tile``;
-    eager calls reuse them for the same BlockMask object (torch.compile traces the build)."""
+def tables(block_mask, batch: int, heads: int, tile: tuple[int, int], transposed: bool = False) -> SparseTables:
+    """The tables of ``block_mask`` for (batch, heads) query heads and kernel tiles ``tile``
+    (``transposed``: the backward's); eager calls reuse them for the same BlockMask object
+    (torch.compile traces the build)."""
     if torch.compiler.is_compiling():
-        return build_tables(block_mask, batch, heads, tile)
-    key = (id(block_mask), batch, heads, tile)
+        return build_tables(block_mask, batch, heads, tile, transposed)
+    key = (id(block_mask), batch, heads, tile, transposed)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is block_mask:
         return hit[1]
-    built = build_tables(block_mask, batch, heads, tile)
+    built = build_tables(block_mask, batch, heads, tile, transposed)
     try:
         ref = weakref.ref(block_mask, lambda _, key=key: _CACHE.pop(key, None))
     except TypeError:  # not weakly referenceable: no caching
@@ -126,11 +133,13 @@ def _vmapped(mask_mod):
     return torch.vmap(fn, in_dims=(0, 0, 0, 0))
 
 
-def _tile_bits(block_mask, kinds, where, tile) -> torch.Tensor:
-    """(P, tile_m, tile_n / 32) int32 bitmasks of the partial tiles at ``where`` (P x (b, h, m, n))."""
+def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
+    """(P, tile_m, tile_n / 32) int32 bitmasks of the partial tiles at ``where`` (P x (b, h, m, n));
+    ``transposed``: (P, tile_n, tile_m / 32), a row of bits over the queries per key."""
     (bq, bk), (sq, sk), (tm, tn) = block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile
     dev = kinds.device
-    out = torch.empty((where.shape[0], tm, tn // BITS_PER_WORD), dtype=torch.int32, device=dev)
+    shape = (tn, tm // BITS_PER_WORD) if transposed else (tm, tn // BITS_PER_WORD)
+    out = torch.empty((where.shape[0], *shape), dtype=torch.int32, device=dev)
     weights = (torch.ones((), dtype=torch.int64, device=dev) << torch.arange(BITS_PER_WORD, device=dev))
     mask_mod = block_mask.mask_mod
     evaluate = None if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask" else _vmapped(mask_mod)
@@ -148,6 +157,8 @@ def _tile_bits(block_mask, kinds, where, tile) -> torch.Tensor:
         else:  # no mask_mod: a partial block is all visible (BlockMask.from_kv_blocks)
             bits |= cell == _PARTIAL
         bits &= (q < sq)[:, :, None] & (kv < sk)[:, None, :]
+        if transposed:
+            bits = bits.transpose(1, 2)
         words = (bits.reshape(*bits.shape[:2], -1, BITS_PER_WORD).to(torch.int64) * weights).sum(-1)
         out[start:start + step] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     return out
@@ -178,10 +189,11 @@ def _vmapped_grid(mask_mod):
     return fn
 
 
-def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int]) -> SparseTables:
+def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], transposed: bool = False) -> SparseTables:
     tm, tn = tile
-    if tn % BITS_PER_WORD:
-        raise ValueError(f"tile_n {tn} must be a multiple of {BITS_PER_WORD}")
+    if (tm if transposed else tn) % BITS_PER_WORD:
+        raise ValueError(f"tile {tile}: the bits' row ({'tile_m' if transposed else 'tile_n'}) must be a multiple "
+                         f"of {BITS_PER_WORD}")
     bm, hm = block_mask.kv_num_blocks.shape[:2]
     if bm not in (1, batch) or hm not in (1, heads):
         raise ValueError(f"block_mask has (batch, heads) = ({bm}, {hm}); the inputs have ({batch}, {heads}) "
@@ -191,6 +203,8 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int]) -> S
     reads_b, reads_h = _reads_batch_and_head(block_mask.mask_mod, kinds.device)
     kinds = kinds.expand(batch if reads_b else -1, heads if reads_h else -1, -1, -1)
     tiles = _tile_kinds(kinds, block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile)
+    if transposed:  # per K/V tile, its query tiles (rows contiguous: the kernel reads them so)
+        tiles = tiles.transpose(2, 3).contiguous()
     n_tiles = tiles.shape[-1]
     cols = torch.arange(n_tiles, device=tiles.device, dtype=torch.int32)
     order = torch.where(tiles == _PARTIAL, cols, torch.where(tiles == _FULL, n_tiles + cols, 2 * n_tiles + cols))
@@ -200,24 +214,29 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int]) -> S
     first_slot = (num_partial.flatten().cumsum(0, dtype=torch.int32) - num_partial.flatten() + 1).view_as(num_partial)
     # Partial tiles in slot order: each tile's first num_partial list entries, tiles in table order.
     listed = torch.arange(n_tiles, device=tiles.device) < num_partial[..., None]
-    b, h, m, j = listed.nonzero(as_tuple=True)  # the one host sync
-    where = torch.stack((b, h, m, blocks[b, h, m, j].long()), 1)
-    bits = _tile_bits(block_mask, kinds, where, tile)
+    b, h, row, j = listed.nonzero(as_tuple=True)  # the one host sync
+    col = blocks[b, h, row, j].long()
+    where = torch.stack((b, h, col, row) if transposed else (b, h, row, col), 1)  # (b, h, query tile, K/V tile)
+    bits = _tile_bits(block_mask, kinds, where, tile, transposed)
     # A tile that sees no key visits block 0 through the all-clear slot 0.
     empty = total == 0
     num_partial = torch.where(empty, 1, num_partial)
     first_slot = torch.where(empty, 0, first_slot)
     total = torch.where(empty, 1, total)
     counts = torch.stack((num_partial, total, first_slot), -1)
-    zero_slot = torch.zeros((1, tm, tn // BITS_PER_WORD), dtype=torch.int32, device=tiles.device)
+    zero_slot = torch.zeros((1, *bits.shape[1:]), dtype=torch.int32, device=tiles.device)
     flat_bits = torch.cat((zero_slot, bits)).reshape(-1)
     expand = lambda t: t.expand(batch, heads, *t.shape[2:])  # noqa: E731
-    return SparseTables(expand(counts), expand(blocks), flat_bits, (tm, tn))
+    return SparseTables(expand(counts), expand(blocks), flat_bits, (tm, tn), transposed)
 
 
 # -------------------------------------------------------------------------- the CPU side
 def dense_mask(tables: SparseTables, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
     """(B, H, seqlen_q, seqlen_k) bool: the mask the tables describe (the CPU implementation, tests)."""
+    if tables.transposed:  # decode as a forward's tables of the transposed problem
+        tm, tn = tables.tile
+        flipped = SparseTables(tables.counts, tables.blocks, tables.bits, (tn, tm))
+        return dense_mask(flipped, seqlen_k, seqlen_q).transpose(2, 3)
     counts, blocks, bits = tables.counts, tables.blocks, tables.bits
     tm, tn = tables.tile
     words = tn // BITS_PER_WORD

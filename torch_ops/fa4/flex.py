@@ -11,12 +11,11 @@ with separate key ids, the same documents in the same order, without one);
 ``fa4.score_mods.softcap(c)`` with any of them. GQA/MQA with ``enable_gqa``; the LSE
 (``return_lse`` or ``return_aux=AuxRequest(lse=True)``); forward and backward, eager and under
 torch.compile. Any other BlockMask (documents that are not contiguous runs, per-row prefix
-lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse forward
-(fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks) in eager
-calls where no input needs a gradient. Every other case (those masks in training or under
-torch.compile, any other score_mod, ``max_scores``) runs torch's flex_attention with the same
-arguments after a one-time warning naming the reason: the results are right either way, only the
-speed differs.
+lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse kernels
+(fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks), forward and
+backward, in eager calls. Every other case (those masks under torch.compile, any other score_mod,
+``max_scores``) runs torch's flex_attention with the same arguments after a one-time warning
+naming the reason: the results are right either way, only the speed differs.
 """
 from __future__ import annotations
 
@@ -132,13 +131,21 @@ def _packed(query, key, value, plan: _Plan, scale, want_lse):
 
 
 def _block_sparse(query, key, value, block_mask, softcap, scale):
-    """fa4::fwd_sparse on (B, S, H, D) views, with the BlockMask's tables at the kernel's tiles."""
-    tile = block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device)
-    tables = block_sparse.tables(block_mask, query.shape[0], query.shape[1], tile)
+    """fa4::fwd_sparse on (B, S, H, D) views, with the BlockMask's tables at the kernel's tiles
+    (and, where a gradient is wanted, the backward's transposed tables at its tiles)."""
+    dims = (query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap))
+    batch, heads = query.shape[:2]
+    tile = block_sparse.kernel_tile(*dims)
+    tables = block_sparse.tables(block_mask, batch, heads, tile)
+    backward = (None, None, None, 0, 0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        bwd_tile = block_sparse.kernel_tile(*dims, kernel="bwd")
+        bwd = block_sparse.tables(block_mask, batch, heads, bwd_tile, transposed=True)
+        backward = (bwd.counts, bwd.blocks, bwd.bits, *bwd_tile)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     out, lse = torch.ops.fa4.fwd_sparse(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                         tables.counts, tables.blocks, tables.bits, tile[0], tile[1], scale,
-                                        softcap or 0.0)
+                                        softcap or 0.0, *backward)
     return out.transpose(1, 2), lse
 
 
@@ -148,14 +155,16 @@ def _sparse_plan(reason, score_mod, return_aux, query, key, value):
             score_mod is None or isinstance(score_mod, score_mods.Softcap)):
         return reason  # the score_mod / max_scores reason stands
     if torch.compiler.is_compiling():
-        return f"{reason} (fa4's block-sparse kernel: eager calls only so far)"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        return f"{reason} (fa4's block-sparse kernel has no backward yet)"
+        return f"{reason} (fa4's block-sparse kernels: eager calls only so far)"
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    softcap = score_mod.cap if score_mod is not None else None
     try:
-        block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device)
+        for kernel in ("fwd", "bwd") if training else ("fwd",):
+            block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap),
+                                     kernel)
     except NotImplementedError as missing:
         return f"{reason} ({missing})"
-    return _Plan((-1, -1), score_mod.cap if score_mod is not None else None, sparse=True)
+    return _Plan((-1, -1), softcap, sparse=True)
 
 
 def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):

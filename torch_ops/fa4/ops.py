@@ -70,27 +70,76 @@ def _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softma
 
 
 @torch.library.register_fake("fa4::fwd_sparse")
-def _fwd_sparse_fake(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0):
+def _fwd_sparse_fake(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0,
+                     q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0):
     _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
     return _empty_outputs(q, v)
 
 
+_NO_MASK = heuristics.MaskSpec("none", heuristics.UNBOUNDED, heuristics.UNBOUNDED)
+
+
 @torch.library.impl("fa4::fwd_sparse", "CPU")
-def _fwd_sparse_cpu(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0):
+def _fwd_sparse_cpu(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0,
+                    q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0):
     _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
     tables = block_sparse.SparseTables(kv_counts, kv_blocks, kv_bits, (tile_m, tile_n))
     visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
-    return reference.attention_forward(q, k, v, softmax_scale, softcap, heuristics.resolve_mask(False, -1, -1),
-                                       visible)
+    return reference.attention_forward(q, k, v, softmax_scale, softcap, _NO_MASK, visible)
+
+
+def _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n):
+    b, _, hq, _ = q.shape
+    n_tiles = -(-k.shape[1] // tile_n) if tile_n > 0 else -1
+    for name, t, rank in (("q_counts", q_counts, 4), ("q_blocks", q_blocks, 4), ("q_bits", q_bits, 1)):
+        if t.dtype != torch.int32 or t.dim() != rank:
+            raise TypeError(f"{name} must be a {rank}-D torch.int32 tensor; got {t.dim()}-D {t.dtype}")
+    if tile_n <= 0 or tile_m <= 0 or tile_m % block_sparse.BITS_PER_WORD:
+        raise ValueError(f"tile_m must be a positive multiple of 32 and tile_n > 0; got ({tile_m}, {tile_n})")
+    if tuple(q_counts.shape) != (b, hq, n_tiles, block_sparse.COUNT_FIELDS) or \
+            tuple(q_blocks.shape[:3]) != (b, hq, n_tiles):
+        raise ValueError(f"q_counts / q_blocks must have shape (batch, heads_q, ceil(seqlen_k / {tile_n}) = {n_tiles}, "
+                         f"3 / width); got {tuple(q_counts.shape)} and {tuple(q_blocks.shape)}. Build them with "
+                         "fa4.block_sparse.tables(..., transposed=True).")
+
+
+@torch.library.register_fake("fa4::bwd_sparse")
+def _bwd_sparse_fake(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
+                     softcap=0.0):
+    _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.impl("fa4::bwd_sparse", "CPU")
+def _bwd_sparse_cpu(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
+                    softcap=0.0):
+    _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
+    tables = block_sparse.SparseTables(q_counts, q_blocks, q_bits, (tile_m, tile_n), transposed=True)
+    visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
+    return reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, _NO_MASK, visible)
+
+
+def _fwd_sparse_setup_context(ctx, inputs, output):
+    q, k, v, _, _, _, _, _, softmax_scale, softcap, q_counts, q_blocks, q_bits, bwd_tile_m, bwd_tile_n = inputs
+    out, lse = output
+    ctx.has_tables = q_counts is not None and q_blocks is not None and q_bits is not None
+    ctx.save_for_backward(q, k, v, out, lse, *((q_counts, q_blocks, q_bits) if ctx.has_tables else ()))
+    ctx.options = (bwd_tile_m, bwd_tile_n, softmax_scale, softcap)
+    ctx.set_materialize_grads(False)
 
 
 def _fwd_sparse_backward(ctx, dout, dlse):
-    raise NotImplementedError("fa4 has no block-sparse backward kernel yet: train with "
-                              "torch.nn.attention.flex_attention (fa4.flex_attention falls back to it when an input "
-                              "requires grad)")
+    if not ctx.has_tables:
+        raise RuntimeError("fa4::fwd_sparse was called without the backward's tables (q_counts, q_blocks, q_bits: "
+                           "fa4.block_sparse.tables(..., transposed=True)); fa4.flex_attention passes them")
+    q, k, v, out, lse, q_counts, q_blocks, q_bits = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = run_backward(_BWD_SPARSE, dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, *ctx.options)
+    return (dq, dk, dv) + (None,) * 12
 
 
-torch.library.register_autograd("fa4::fwd_sparse", _fwd_sparse_backward)
+torch.library.register_autograd("fa4::fwd_sparse", _fwd_sparse_backward, setup_context=_fwd_sparse_setup_context)
 
 
 # ------------------------------------------------------------------------------ backward
@@ -157,6 +206,7 @@ class _EagerAutograd(torch.autograd.Function):
 
 
 _BWD = torch.ops.fa4.bwd.default
+_BWD_SPARSE = torch.ops.fa4.bwd_sparse.default
 
 
 def run_backward(op, *args):

@@ -90,10 +90,11 @@ def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec, vis
     return out, lse
 
 
-def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: float, mask: MaskSpec):
+def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: float, mask: MaskSpec, visible=None):
     """(dq, dk, dv) by chunked recomputation from the saved LSE (fp32 accumulation).
 
     ``dlse`` (optional) is the gradient flowing into the returned LSE: d lse / d s = p.
+    ``visible``: an extra (b or 1, hq or 1, sq, sk) bool mask (block-sparse calls).
     """
     b, sq, hq, d = q.shape
     hk, sk, dv_dim = k.shape[2], k.shape[1], v.shape[3]
@@ -111,7 +112,10 @@ def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: flo
         for start in range(0, sq, step):
             n = min(step, sq - start)
             rows = torch.arange(start, start + n, device=q.device)
-            s, tanh = _scores(qg[:, start:start + n], k, scale, softcap, mask, rows, sq)
+            visible_rows = None
+            if visible is not None:
+                visible_rows = visible.expand(b, hq, sq, sk)[:, :, start:start + n].reshape(b, hk, g, n, sk)
+            s, tanh = _scores(qg[:, start:start + n], k, scale, softcap, mask, rows, sq, visible_rows)
             row_lse = lse_g[..., start:start + n, None]
             # exp(s - lse), with rows that saw no key (lse = -inf) contributing nothing.
             p = torch.exp(s - torch.where(torch.isinf(row_lse), torch.zeros_like(row_lse), row_lse))

@@ -52,6 +52,11 @@ local mask, whose blocks then launch from the last one down (a block's first que
 has no earlier turn: ascending, each CTA would sit idle until its lower neighbours reached
 its first query block). dK and dV are always deterministic.
 
+Block-sparse (a FlexAttention BlockMask, ``block_sparse``): per query head, a K/V block visits
+the query blocks its row of the host's tables lists (block_info.SparseBlocks: partial ones
+first, each masked by its bitmask slot, transposed: per key, bits over queries; then full ones),
+dQ is zeroed beforehand and added into (no first stores, no rotation, no deterministic turns).
+
 Masking: a query block crossing the causal diagonal or a local window's edge is masked per
 element; with packed sequences every block is (neighbouring sequences' rows and keys are real
 data). Dense rows past seqlen_q / keys past seqlen_k need no mask: TMA loads them as zeros and
@@ -67,7 +72,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4_kernels.block_info import BlockInfo
+from fa4_kernels.block_info import BlockInfo, SparseBlocks
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
@@ -116,8 +121,10 @@ class FlashAttentionBackwardSm90:
         is_varlen: bool = False,
         layout: str = "keys",
         dq_store: str = "tma",
+        block_sparse: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
+        assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tables carry the mask"
         assert layout in LAYOUTS and dq_split in DQ_SPLITS and dq_store in DQ_STORES
         if layout == "keys":
             assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
@@ -141,6 +148,7 @@ class FlashAttentionBackwardSm90:
         self.is_local = is_local
         self.has_softcap = has_softcap
         self.is_varlen = is_varlen
+        self.block_sparse = block_sparse
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -252,6 +260,9 @@ class FlashAttentionBackwardSm90:
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
         # (batch, heads_q, query blocks) int32, zero at launch: deterministic turns, store_first's claims
         mdQsemaphore: cute.Tensor,
+        mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, 3) int32 (block_info.SparseBlocks)
+        mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, width) int32 query blocks
+        mSparseBits: cute.Tensor,  # block-sparse: flat int32 transposed bitmask slots (AttentionMask.load_bits)
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
@@ -337,6 +348,7 @@ class FlashAttentionBackwardSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdQaccum, mdK, mdV, tma_dK, tma_dV,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic, rotate, store_first,
+            mSparseCounts, mSparseBlocks, mSparseBits,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
             tma_atom_dQ_store, tma_atom_dK, tma_atom_dV,
             scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
@@ -373,6 +385,9 @@ class FlashAttentionBackwardSm90:
         deterministic: Int32,
         rotate: Int32,
         store_first: Int32,
+        mSparseCounts: cute.Tensor,
+        mSparseBlocks: cute.Tensor,
+        mSparseBits: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -471,6 +486,7 @@ class FlashAttentionBackwardSm90:
             m_block_min, m_block_max = block_info.m_block_range(seq.seqlen_q, seq.seqlen_k, n_block)
             start = self.first_query_block(seq, n_block, m_block_min, m_block_max, rotate)
             group = mQ.shape[2] // mK.shape[2]
+            sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
 
             if warp_idx < 4:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -478,11 +494,12 @@ class FlashAttentionBackwardSm90:
                     self.load(mQ, mK, mV, mdO, mLSE, mdPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
                               tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                               pipeline_kv, pipeline_q, pipeline_do,
-                              seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start)
+                              seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
+                              sparse_tables)
                 if warp_idx == DQ_WRITER_WARP:
                     self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, tma_atom_dQ_store, mdQsemaphore, deterministic,
                                   store_first, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min,
-                                  m_block_max, start, pipeline_q, pipeline_do)
+                                  m_block_max, start, pipeline_q, pipeline_do, sparse_tables)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
@@ -492,7 +509,7 @@ class FlashAttentionBackwardSm90:
                     sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                     tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
-                    batch_idx, group, m_block_min, m_block_max, start,
+                    batch_idx, group, m_block_min, m_block_max, start, sparse_tables,
                 )
 
     @cute.jit
@@ -508,7 +525,7 @@ class FlashAttentionBackwardSm90:
         """How far into its query range [m_block_min, m_block_max) this CTA starts (``rotate``,
         no mask: K/V block n of N at n / N of the way round; see the module doc)."""
         start = Int32(0)
-        if const_expr(not (self.is_causal or self.is_local)):
+        if const_expr(not (self.is_causal or self.is_local or self.block_sparse)):
             if rotate != 0:
                 start = n_block * (m_block_max - m_block_min) // cute.ceil_div(seq.seqlen_k, self.tile_n)
         return start
@@ -524,6 +541,21 @@ class FlashAttentionBackwardSm90:
             if m_block >= m_block_max:
                 m_block = m_block - (m_block_max - m_block_min)
         return m_block
+
+    def head_visits(self, sparse_tables, batch_idx, head, n_block, m_block_min, m_block_max):
+        """[first, end) of a query head's visit indices, and its row of the block-sparse tables
+        (block_info.SparseBlocks; None when dense: the query range itself)."""
+        if const_expr(self.block_sparse):
+            mCounts, mBlocks, _ = sparse_tables
+            sparse = SparseBlocks.of_tile(mCounts, mBlocks, batch_idx, head, n_block)
+            return Int32(0), sparse.num_total, sparse
+        return m_block_min, m_block_max, None
+
+    def visited_block(self, i, start, m_block_min, m_block_max, sparse, seq: SeqlenInfo):
+        """The query block of visit ``i`` (head_visits): the table's, or query_block's."""
+        if const_expr(self.block_sparse):
+            return sparse.n_block(i, cute.ceil_div(seq.seqlen_q, self.tile_m))
+        return self.query_block(i, start, m_block_min, m_block_max)
 
     @cute.jit
     def load(
@@ -557,6 +589,7 @@ class FlashAttentionBackwardSm90:
         m_block_min: Int32,
         m_block_max: Int32,
         start: Int32,
+        sparse_tables,
     ):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         gK = cute.local_tile(self.tile_view(mK, head_kv, batch_idx, seq.offset_k), (self.tile_n, self.head_dim),
@@ -590,8 +623,9 @@ class FlashAttentionBackwardSm90:
                                                cute.group_modes(gLSE, 0, 1))
             tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, 0, cute.make_layout(1),
                                                cute.group_modes(sdPsum, 0, 1), cute.group_modes(gdPsum, 0, 1))
-            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
-                m_block = self.query_block(i, start, m_block_min, m_block_max)
+            first, end, sparse = self.head_visits(sparse_tables, batch_idx, head, n_block, m_block_min, m_block_max)
+            for i in cutlass.range(first, end, unroll=1):
+                m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 pipeline_q.producer_acquire(state)
                 bar_q = pipeline_q.producer_get_barrier(state)
                 cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=bar_q)
@@ -699,6 +733,7 @@ class FlashAttentionBackwardSm90:
         start: Int32,
         pipeline_q: pipeline.PipelineAsync,
         pipeline_do: pipeline.PipelineAsync,
+        sparse_tables,
     ):
         """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add), or with
         store_first stores them where this CTA is the block's first (claim_dq_block, or turn 0);
@@ -709,6 +744,8 @@ class FlashAttentionBackwardSm90:
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         claims = store_first != 0 and deterministic == 0
+        if const_expr(self.block_sparse):
+            claims = False  # zero-and-add only
         claim = Int32(0)  # the claim on the block the loop is at (claim_dq_block)
         if claims:
             claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group, batch_idx,
@@ -717,8 +754,10 @@ class FlashAttentionBackwardSm90:
             head = head_kv * group + g
             gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (ROWS_PER_WG, self.dq_cols),
                                   (None, None))
-            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
-                m_block = self.query_block(i, start, m_block_min, m_block_max)
+            first_visit, end, sparse = self.head_visits(sparse_tables, batch_idx, head, n_block, m_block_min,
+                                                        m_block_max)
+            for i in cutlass.range(first_visit, end, unroll=1):
+                m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 if const_expr(self.dq_store == "tma"):
                     for p in cutlass.range_constexpr(self.dq_parts):
                         # The previous block's reduce-add of this part has read shared memory.
@@ -837,6 +876,7 @@ class FlashAttentionBackwardSm90:
         m_block_min: Int32,
         m_block_max: Int32,
         start: Int32,
+        sparse_tables,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
@@ -877,10 +917,13 @@ class FlashAttentionBackwardSm90:
         pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)  # 0 on the CTA's first query block: dK/dV start from it
-        for _ in cutlass.range(group, unroll=1):
-            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
-                m_block = self.query_block(i, start, m_block_min, m_block_max)
+        for g in cutlass.range(group, unroll=1):
+            first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
+                                                  m_block_min, m_block_max)
+            for i in cutlass.range(first, end, unroll=1):
+                m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
+                bits = self.sparse_bits(mask, sparse_tables, sparse, i, thr_mma_sdp)
                 # (1) the scores and their gradients' dot products, transposed: S^T and dP^T.
                 pipeline_q.consumer_wait(state)
                 acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrA, tSrB, stage)
@@ -892,10 +935,10 @@ class FlashAttentionBackwardSm90:
                 if const_expr(self.has_softcap):
                     self.probs_and_grads_softcap(acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage,
                                                  m_block, n_block, m_masked_end, m_left_start, score_scale,
-                                                 softcap)
+                                                 softcap, bits)
                 else:
                     self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                                       m_left_start, scale_log2)
+                                       m_left_start, scale_log2, bits)
                     acc_S_l = self.stats_lines(acc_S)
                     warpgroup.wait_group(0)
                     acc_dP_l = self.stats_lines(acc_dP)
@@ -919,6 +962,7 @@ class FlashAttentionBackwardSm90:
         sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum, pipeline_kv, pipeline_q, pipeline_do,
         tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tidx, scale_log2, score_scale, softcap,
         softmax_scale, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
+        sparse_tables,
     ):
         """"keys_roles": warpgroup 1 the probabilities' side (S^T, P^T, dV), warpgroup 2 the
         gradients' side (dP^T, dS^T, dK); each computes half of dQ's head dims. Per query block:
@@ -950,14 +994,15 @@ class FlashAttentionBackwardSm90:
             acc_dV = self.probs_role(
                 sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, scale_log2, score_scale,
-                softcap, softmax_scale, sdQ, block_info, seq, n_block, group, m_block_min, m_block_max, start, tidx)
+                softcap, softmax_scale, sdQ, block_info, seq, n_block, group, m_block_min, m_block_max, start, tidx,
+                sparse_tables, head_kv, batch_idx)
             self.epilogue_dkv(None, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
         else:
             acc_dK = self.grads_role(
                 sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, softmax_scale, sdQ,
-                group, m_block_min, m_block_max, tidx)
+                group, m_block_min, m_block_max, tidx, sparse_tables, n_block, head_kv, batch_idx)
             self.epilogue_dkv(acc_dK, None, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
@@ -965,7 +1010,7 @@ class FlashAttentionBackwardSm90:
     def probs_role(self, sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
                    scale_log2, score_scale, softcap, softmax_scale, sdQ, block_info, seq, n_block, group,
-                   m_block_min, m_block_max, start, tidx):
+                   m_block_min, m_block_max, start, tidx, sparse_tables, head_kv, batch_idx):
         """"keys_roles", warpgroup 1 (see consume_roles); returns dV."""
         wg_mma_dv = tiled_mma_dv.get_slice(0)
         tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
@@ -978,18 +1023,21 @@ class FlashAttentionBackwardSm90:
         m_masked_end, m_left_start = self.masked_query_blocks(block_info, seq, n_block, m_block_min, m_block_max)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)
-        for _ in cutlass.range(group, unroll=1):
-            for i in cutlass.range(m_block_min, m_block_max, unroll=1):
-                m_block = self.query_block(i, start, m_block_min, m_block_max)
+        for g in cutlass.range(group, unroll=1):
+            first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
+                                                  m_block_min, m_block_max)
+            for i in cutlass.range(first, end, unroll=1):
+                m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
+                bits = self.sparse_bits(mask, sparse_tables, sparse, i, thr_mma_sdp)
                 pipeline_q.consumer_wait(state)
                 acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrK, tSrQ, stage)
                 warpgroup.wait_group(0)
                 if const_expr(self.has_softcap):
                     # P, and for the gradients' side P times the cap's derivative 1 - tanh^2.
-                    for i in cutlass.range_constexpr(cute.size(acc_S)):
-                        acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
-                    self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+                    for e in cutlass.range_constexpr(cute.size(acc_S)):
+                        acc_S[e] = cute.math.tanh(acc_S[e] * score_scale, fastmath=True) * softcap
+                    self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start, bits)
                     inv_softcap = 1.0 / softcap
                     acc_S_l = self.stats_lines(acc_S)
                     sP_l = self.stats_lines(sP_thr)
@@ -1004,7 +1052,7 @@ class FlashAttentionBackwardSm90:
                             sP_l[r, c] = p * cutlass.max(1.0 - t * t, 0.0)
                 else:
                     self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                                       m_left_start, scale_log2)
+                                       m_left_start, scale_log2, bits)
                     sP_thr.store(acc_S.load())
                 if const_expr(self.dq_store != "stage"):
                     pipeline_q.consumer_release(state)  # Q (S^T) and its LSE read
@@ -1022,7 +1070,8 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def grads_role(self, sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
-                   softmax_scale, sdQ, group, m_block_min, m_block_max, tidx):
+                   softmax_scale, sdQ, group, m_block_min, m_block_max, tidx, sparse_tables, n_block, head_kv,
+                   batch_idx):
         """"keys_roles", warpgroup 2 (see consume_roles); returns dK (unscaled)."""
         wg_tidx = tidx % THREADS_PER_WG
         wg_mma_dk = tiled_mma_dk.get_slice(0)
@@ -1039,8 +1088,10 @@ class FlashAttentionBackwardSm90:
         tdSsdS = smem_copy_dS.partition_D(transpose_smem_view(sdS))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)
-        for _ in cutlass.range(group, unroll=1):
-            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+        for g in cutlass.range(group, unroll=1):
+            first, end, _ = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block, m_block_min,
+                                             m_block_max)
+            for _ in cutlass.range(first, end, unroll=1):
                 stage = state.index
                 pipeline_do.consumer_wait(state)
                 acc_dP = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tdPrV, tdPrdO, stage)
@@ -1097,9 +1148,9 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def probabilities(self, acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                      m_left_start, scale_log2):
+                      m_left_start, scale_log2, bits=None):
         """P = exp2(S * scale_log2 - LSE_log2) in place, masked (no softcap)."""
-        self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+        self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start, bits)
         acc_S_l = self.stats_lines(acc_S)
         for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
             lse = sLSE[tScS[0, c][self.query_mode], stage]
@@ -1166,13 +1217,29 @@ class FlashAttentionBackwardSm90:
             self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, tidx)
 
     @cute.jit
-    def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start):
-        """The mask on S^T where this query block needs it (see consume)."""
-        if const_expr(self.is_varlen):
+    def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start,
+                   bits=None):
+        """The mask on S^T where this query block needs it (see consume); block-sparse: the bits
+        of a partial block (``bits``: (words, partial), sparse_bits)."""
+        if const_expr(self.block_sparse):
+            words, partial = bits
+            if partial:
+                mask.apply_bits(acc_S, thr_mma_sdp, words, transposed=True)
+        elif const_expr(self.is_varlen):
             self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, True)
         elif const_expr(self.is_causal or self.is_local):
             if m_block < m_masked_end or m_block >= m_left_start:
                 self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, False)
+
+    @cute.jit
+    def sparse_bits(self, mask: AttentionMask, sparse_tables, sparse, i, thr_mma_sdp):
+        """Block-sparse: (this thread's bits of visit i's slot, whether visit i is a partial
+        block), loaded ahead of the score GEMMs (full blocks load a clamped slot they ignore);
+        None when dense."""
+        if const_expr(not self.block_sparse):
+            return None
+        words = mask.load_bits(sparse_tables[2], sparse.first_slot + i, thr_mma_sdp, transposed=True)
+        return words, i < sparse.num_partial
 
     @cute.jit
     def mask_block(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, mask_seqlen: cutlass.Constexpr):
@@ -1180,14 +1247,14 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def probs_and_grads_softcap(self, acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage, m_block,
-                                n_block, m_masked_end, m_left_start, score_scale, softcap):
+                                n_block, m_masked_end, m_left_start, score_scale, softcap, bits=None):
         """Softcap: scores s' = softcap * tanh(s * scale / softcap), P = exp2(s' * log2(e) -
         LSE_log2), dS = P * (dP - dPsum) * (1 - tanh^2), the derivative of the cap (the scale
         is applied to dK and dQ at the end). One pass after both GEMMs, which recomputes
         tanh = s' / softcap instead of keeping it: 32 more live registers spilled hd128."""
         for i in cutlass.range_constexpr(cute.size(acc_S)):
             acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
-        self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start)
+        self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start, bits)
         inv_softcap = 1.0 / softcap
         acc_S_l, acc_dP_l = self.stats_lines(acc_S), self.stats_lines(acc_dP)
         for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
