@@ -157,13 +157,32 @@ def test_other_masks_run_the_block_sparse_operators(case):
         assert_matches_formula(out, lse, (q, k, v), score_mod, mask_mod)
 
 
-def test_compiled_block_sparse_masks_fall_back(monkeypatch):
-    """Under torch.compile the tables' one host sync would break the graph: torch's kernel runs."""
-    plan = flex._fa4_plan(None, create_block_mask(SPARSE_MASKS["union"][0](), None, None, 37, 37, device="cpu"),
-                          None, 2, 37, 37)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    reason = flex._sparse_plan(plan, None, None, *inputs())
-    assert isinstance(reason, str) and "Or" in reason and "eager calls only" in reason
+@pytest.mark.parametrize("case", ["union", "prefix lm per row"])
+def test_compiled_block_sparse_matches_eager(case):
+    """torch.compile(fullgraph=True) over a step through the block-sparse operators: the tables
+    (one slot per entry, no host sync) build inside the graph; the results are eager's."""
+    make_mask, (sq, sk), _ = SPARSE_MASKS[case]
+    block_mask = create_block_mask(make_mask(), None, None, sq, sk, device="cpu", BLOCK_SIZE=16)
+    q, k, v = inputs(sq=sq, sk=sk, grad=True)
+
+    def forward(q, k, v):
+        return fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mods.softcap(4.0))
+
+    graphs = []
+
+    def backend(gm, example_inputs):  # records dynamo's graph, then AOTAutograd as aot_eager does
+        graphs.append(str(gm.graph))
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    got = torch.compile(forward, fullgraph=True, backend=backend)(q, k, v)
+    assert len(graphs) == 1 and "fa4.fwd_sparse" in graphs[0] and "flex_attention" not in graphs[0]
+    want = forward(q, k, v)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    for a, e in zip(torch.autograd.grad(got.square().sum(), (q, k, v)),  # its backward compiled by AOTAutograd
+                    torch.autograd.grad(want.square().sum(), (q, k, v))):
+        torch.testing.assert_close(a, e, atol=1e-10, rtol=1e-10)
 
 
 def test_window_alignment_maps_onto_the_bottom_right_window():

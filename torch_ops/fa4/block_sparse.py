@@ -19,8 +19,12 @@ per slot one row of bits over the queries for each key:
   blocks (B, H, M, N) int32: its K/V blocks, partial ones first;
   bits   (slots * tile_m * tile_n / 32,) int32: slot 0 all clear (the one block a tile that
          sees no key visits), then one slot per partial tile, in table order.
-Building them reads the number of partial tiles on the host (one sync); eager calls reuse the
-tables of a BlockMask they have seen (``tables`` caches them per BlockMask object).
+Eager calls give each partial tile one slot, which reads the number of partial tiles on the host
+(one sync), and reuse the tables of a BlockMask they have seen (``tables`` caches them per
+BlockMask object). Under torch.compile every table entry gets a slot (the bits of the whole
+(batch, head) grids the tables hold, the size of the mask over 8 bytes per element pair: 32 MB
+for a broadcast 16k x 16k mask), so the build is free of data-dependent shapes and traces into
+the graph.
 """
 from __future__ import annotations
 
@@ -54,17 +58,27 @@ def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torc
     64-query blocks, without 128), CPU_TILE on the CPU."""
     if device.type != "cuda":
         return CPU_TILE
-    from fa4 import _native, heuristics
+    from fa4 import heuristics
 
-    name = heuristics.DTYPE_NAMES.get(str(dtype))
-    for v in _native.manifest()["variants"]:
-        if (v.get("kernel", "fwd") == kernel and v["mask"] == "sparse" and v["dtype"] == name
-                and v["softcap"] == bool(softcap)
-                and v["head_dim"] == head_dim and v["head_dim_v"] == head_dim_v and not v.get("varlen")):
-            return v["tile_m"], v["tile_n"]
+    tile = _built_tile(heuristics.DTYPE_NAMES.get(str(dtype)), head_dim, head_dim_v, bool(softcap), kernel)
+    if tile is not None:
+        return tile
     what = "kernel" if kernel == "fwd" else "backward kernel"
     raise NotImplementedError(f"this build of fa4 has no block-sparse {what} for dtype={dtype}, head_dim={head_dim}, "
                               f"head_dim_v={head_dim_v}; use torch.nn.attention.flex_attention")
+
+
+@torch._dynamo.assume_constant_result  # read at graph-capture time (a file read dynamo cannot trace)
+def _built_tile(dtype: str | None, head_dim: int, head_dim_v: int, softcap: bool, kernel: str):
+    """(tile_m, tile_n) of the build manifest's block-sparse ``kernel`` variant, or None."""
+    from fa4 import _native
+
+    for v in _native.manifest()["variants"]:
+        if (v.get("kernel", "fwd") == kernel and v["mask"] == "sparse" and v["dtype"] == dtype
+                and v["softcap"] == softcap and v["head_dim"] == head_dim and v["head_dim_v"] == head_dim_v
+                and not v.get("varlen")):
+            return v["tile_m"], v["tile_n"]
+    return None
 
 
 # ------------------------------------------------------------------------------ tables
@@ -164,6 +178,7 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
     return out
 
 
+@torch._dynamo.assume_constant_result  # traced at graph-capture time, a constant in the graph
 def _reads_batch_and_head(mask_mod, device) -> tuple[bool, bool]:
     """Does ``mask_mod`` read its batch / head index? From a trace of it under vmap (make_fx;
     distinct input tensors on the mask's device, so each placeholder is its own); (True, True)
@@ -189,7 +204,11 @@ def _vmapped_grid(mask_mod):
     return fn
 
 
-def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], transposed: bool = False) -> SparseTables:
+def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], transposed: bool = False,
+                 compact: bool | None = None) -> SparseTables:
+    """The tables (module doc); ``compact``: one slot per partial tile (a host sync; default
+    outside torch.compile) or one per table entry."""
+    compact = not torch.compiler.is_compiling() if compact is None else compact
     tm, tn = tile
     if (tm if transposed else tn) % BITS_PER_WORD:
         raise ValueError(f"tile {tile}: the bits' row ({'tile_m' if transposed else 'tile_n'}) must be a multiple "
@@ -200,7 +219,7 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], tran
                          "(a BlockMask broadcasts only along size-1 dimensions)")
     kinds = _block_kinds(block_mask)
     # Along a broadcast dimension the mask_mod reads, its partial blocks differ per index.
-    reads_b, reads_h = _reads_batch_and_head(block_mask.mask_mod, kinds.device)
+    reads_b, reads_h = _reads_batch_and_head(block_mask.mask_mod, str(kinds.device))
     kinds = kinds.expand(batch if reads_b else -1, heads if reads_h else -1, -1, -1)
     tiles = _tile_kinds(kinds, block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile)
     if transposed:  # per K/V tile, its query tiles (rows contiguous: the kernel reads them so)
@@ -211,10 +230,18 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], tran
     blocks = (order.sort(-1).values % n_tiles).to(torch.int32)
     num_partial = (tiles == _PARTIAL).sum(-1, dtype=torch.int32)
     total = (tiles != _EMPTY).sum(-1, dtype=torch.int32)
-    first_slot = (num_partial.flatten().cumsum(0, dtype=torch.int32) - num_partial.flatten() + 1).view_as(num_partial)
-    # Partial tiles in slot order: each tile's first num_partial list entries, tiles in table order.
-    listed = torch.arange(n_tiles, device=tiles.device) < num_partial[..., None]
-    b, h, row, j = listed.nonzero(as_tuple=True)  # the one host sync
+    if compact:
+        first_slot = (num_partial.flatten().cumsum(0, dtype=torch.int32) - num_partial.flatten() + 1).view_as(
+            num_partial)
+        # Partial tiles in slot order: each tile's first num_partial list entries, tiles in table order.
+        listed = torch.arange(n_tiles, device=tiles.device) < num_partial[..., None]
+        b, h, row, j = listed.nonzero(as_tuple=True)  # the one host sync
+    else:
+        # Entry j of table row r takes slot 1 + r * n_tiles + j (its bits unused past num_partial).
+        rows = torch.arange(num_partial.numel(), device=tiles.device, dtype=torch.int32).view_as(num_partial)
+        first_slot = 1 + rows * n_tiles
+        b, h, row, j = (g.flatten() for g in torch.meshgrid(
+            *(torch.arange(n, device=tiles.device) for n in blocks.shape), indexing="ij"))
     col = blocks[b, h, row, j].long()
     where = torch.stack((b, h, col, row) if transposed else (b, h, row, col), 1)  # (b, h, query tile, K/V tile)
     bits = _tile_bits(block_mask, kinds, where, tile, transposed)

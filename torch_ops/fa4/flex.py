@@ -13,9 +13,9 @@ with separate key ids, the same documents in the same order, without one);
 torch.compile. Any other BlockMask (documents that are not contiguous runs, per-row prefix
 lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse kernels
 (fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks), forward and
-backward, in eager calls. Every other case (those masks under torch.compile, any other score_mod,
-``max_scores``) runs torch's flex_attention with the same arguments after a one-time warning
-naming the reason: the results are right either way, only the speed differs.
+backward, eager and under torch.compile. Every other case (any other score_mod, ``max_scores``)
+runs torch's flex_attention with the same arguments after a one-time warning naming the reason:
+the results are right either way, only the speed differs.
 """
 from __future__ import annotations
 
@@ -154,8 +154,6 @@ def _sparse_plan(reason, score_mod, return_aux, query, key, value):
     if (return_aux is not None and return_aux.max_scores) or not (
             score_mod is None or isinstance(score_mod, score_mods.Softcap)):
         return reason  # the score_mod / max_scores reason stands
-    if torch.compiler.is_compiling():
-        return f"{reason} (fa4's block-sparse kernels: eager calls only so far)"
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     softcap = score_mod.cap if score_mod is not None else None
     try:

@@ -24,6 +24,12 @@ def _empty_outputs(q, v):
     return out, lse
 
 
+def _contiguous_like(t):
+    """A fake gradient: the native backward ops return contiguous tensors whatever the inputs'
+    strides (empty_like would keep a permuted input's, and mismatch them under torch.compile)."""
+    return t.new_empty(t.shape)
+
+
 def _prepare(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None):
     check_qkv(q, k, v)
     check_scalars(softmax_scale, softcap)
@@ -107,7 +113,7 @@ def _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n):
 def _bwd_sparse_fake(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
                      softcap=0.0):
     _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
 
 
 @torch.library.impl("fa4::bwd_sparse", "CPU")
@@ -146,7 +152,7 @@ torch.library.register_autograd("fa4::fwd_sparse", _fwd_sparse_backward, setup_c
 @torch.library.register_fake("fa4::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal=False, window_left=-1,
               window_right=-1, softcap=0.0, deterministic=False):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
 
 
 @torch.library.impl("fa4::bwd", "CPU")

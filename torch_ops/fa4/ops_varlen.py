@@ -62,7 +62,7 @@ def _fwd_cpu(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_s
 @torch.library.register_fake("fa4::bwd_varlen")
 def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
               softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return ops._contiguous_like(q), ops._contiguous_like(k), ops._contiguous_like(v)
 
 
 @torch.library.impl("fa4::bwd_varlen", "CPU")
