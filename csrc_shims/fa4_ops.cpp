@@ -701,11 +701,22 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, double softmax_scal
 // their layout: fa4_fwd in fa4_shim.h). One head's rows per tile (no pack-GQA: the tables are per
 // query head). The tables' values are not read on the host (that would sync): the kernel clamps
 // counts, blocks and slots into the tensors.
-void check_sparse_table(const Tensor &t, const char *name, const Tensor &q, int64_t rank) {
+void check_sparse_table(const Tensor &t, const std::string &name, const Tensor &q, int64_t rank) {
   FA4_TYPE(t.scalar_type() == ScalarType::Int && t.dim() == rank, name, " must be a ", rank,
            "-D torch.int32 tensor; got ", t.dim(), "-D ", dtype_name(t.scalar_type()));
   FA4_VALUE(t.is_cuda() && t.get_device_index() == q.get_device_index(), name, " must be on q's device");
   FA4_VALUE(t.numel() == 0 || t.stride(rank - 1) == 1, name, " must be contiguous in its last dimension");
+}
+
+// The common checks of a block-sparse op: q/k/v, the scalars and the three tables' types
+// (``side``: "kv" for the forward's, "q" for the backward's).
+void check_sparse_call(const Tensor &q, const Tensor &k, const Tensor &v, double scale, double softcap,
+                       const Tensor &counts, const Tensor &blocks, const Tensor &bits, const std::string &side) {
+  check_qkv(q, k, v, 4);
+  check_scalars(scale, softcap);
+  check_sparse_table(counts, side + "_counts", q, 4);
+  check_sparse_table(blocks, side + "_blocks", q, 4);
+  check_sparse_table(bits, side + "_bits", q, 1);
 }
 
 std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor counts, Tensor blocks, Tensor bits,
@@ -714,11 +725,7 @@ std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor count
                                       std::optional<Tensor> q_bits, int64_t bwd_tile_m, int64_t bwd_tile_n) {
   (void)q_counts, (void)q_blocks, (void)q_bits, (void)bwd_tile_m, (void)bwd_tile_n;  // for autograd
   Phases phases("fwd_sparse");
-  check_qkv(q, k, v, 4);
-  check_scalars(softmax_scale, softcap);
-  check_sparse_table(counts, "kv_counts", q, 4);
-  check_sparse_table(blocks, "kv_blocks", q, 4);
-  check_sparse_table(bits, "kv_bits", q, 1);
+  check_sparse_call(q, k, v, softmax_scale, softcap, counts, blocks, bits, "kv");
   int device = q.get_device_index();
   const DeviceFacts &dev = device_facts(device);
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), d = q.size(3), sk = k.size(1), dv = v.size(3);
@@ -731,9 +738,11 @@ std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor count
   const std::string tile = "(" + std::to_string(variant.tile_m) + ", " + std::to_string(variant.tile_n) + ")";
   FA4_VALUE(tile_m == variant.tile_m && tile_n == variant.tile_n, "the tables were built for (tile_m, tile_n) = (",
             tile_m, ", ", tile_n, "); this kernel's tiles are ", tile, " (fa4.block_sparse.kernel_tile)");
-  FA4_VALUE(counts.size(0) == b && counts.size(1) == hq && counts.size(2) == m_blocks && counts.size(3) == 3,
-            "kv_counts must have shape (batch, heads_q, ceil(seqlen_q / ", variant.tile_m, "), 3) = ",
-            tuple_text({b, hq, m_blocks, 3}), " for this kernel's ", tile, " tiles; got ", shape_text(counts),
+  FA4_VALUE(counts.size(0) == b && counts.size(1) == hq && counts.size(2) == m_blocks &&
+                counts.size(3) == FA4_SPARSE_COUNT_FIELDS,
+            "kv_counts must have shape (batch, heads_q, ceil(seqlen_q / ", variant.tile_m, "), ",
+            FA4_SPARSE_COUNT_FIELDS, ") = ", tuple_text({b, hq, m_blocks, FA4_SPARSE_COUNT_FIELDS}),
+            " for this kernel's ", tile, " tiles; got ", shape_text(counts),
             ". Build the tables with fa4.block_sparse.tables.");
   FA4_VALUE(blocks.size(0) == b && blocks.size(1) == hq && blocks.size(2) == m_blocks && blocks.size(3) >= 1,
             "kv_blocks must have shape (batch, heads_q, ", m_blocks, ", width >= 1); got ", shape_text(blocks));
@@ -966,17 +975,14 @@ std::tuple<Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Tensor k, T
                                               std::optional<Tensor> dlse, Tensor counts, Tensor blocks, Tensor bits,
                                               int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap) {
   Phases phases("bwd_sparse");
-  check_qkv(q, k, v, 4);
-  check_scalars(softmax_scale, softcap);
-  check_sparse_table(counts, "q_counts", q, 4);
-  check_sparse_table(blocks, "q_blocks", q, 4);
-  check_sparse_table(bits, "q_bits", q, 1);
+  check_sparse_call(q, k, v, softmax_scale, softcap, counts, blocks, bits, "q");
   const int64_t n_blocks = tile_n > 0 ? (k.size(1) + tile_n - 1) / tile_n : -1;
   FA4_VALUE(tile_m > 0 && tile_m % 32 == 0 && tile_n > 0, "tile_m must be a positive multiple of 32 and tile_n > 0");
   FA4_VALUE(counts.size(0) == q.size(0) && counts.size(1) == q.size(2) && counts.size(2) == n_blocks &&
-                counts.size(3) == 3,
-            "q_counts must have shape (batch, heads_q, ceil(seqlen_k / ", tile_n, "), 3) = ",
-            tuple_text({q.size(0), q.size(2), n_blocks, 3}), "; got ", shape_text(counts),
+                counts.size(3) == FA4_SPARSE_COUNT_FIELDS,
+            "q_counts must have shape (batch, heads_q, ceil(seqlen_k / ", tile_n, "), ", FA4_SPARSE_COUNT_FIELDS,
+            ") = ", tuple_text({q.size(0), q.size(2), n_blocks, FA4_SPARSE_COUNT_FIELDS}), "; got ",
+            shape_text(counts),
             ". Build the tables with fa4.block_sparse.tables(..., transposed=True).");
   FA4_VALUE(blocks.size(0) == q.size(0) && blocks.size(1) == q.size(2) && blocks.size(2) == n_blocks &&
                 blocks.size(3) >= 1,

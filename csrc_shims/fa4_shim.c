@@ -14,6 +14,8 @@
 #include <string.h>
 
 #define FA4_MAX_DEVICES 64
+#define FA4_STR_(x) #x
+#define FA4_STR(x) FA4_STR_(x)
 
 static __thread char last_error[512];
 
@@ -136,6 +138,27 @@ int32_t fa4_split_workspace(int32_t index, int32_t head_dim_v, int32_t num_sms, 
   return FA4_OK;
 }
 
+/* A block-sparse launch's tables (fa4_fwd / fa4_bwd in fa4_shim.h): counts (b, hq, rows,
+ * FA4_SPARSE_COUNT_FIELDS) and blocks (b, hq, rows, width) int32 with strides >= 0 (0 where
+ * broadcast), bits whole slots of slot_words words. */
+static int32_t check_sparse_tables(const fa4_tensor *counts, const fa4_tensor *blocks, const fa4_tensor *bits,
+                                   int64_t b, int64_t hq, int64_t rows, int64_t slot_words) {
+  int32_t status;
+  if ((status = check_tensor("sparse_counts", counts, 4, 4, 0)) ||
+      (status = check_tensor("sparse_blocks", blocks, 4, 4, 0)) || (status = check_tensor("sparse_bits", bits, 1, 4, 0)))
+    return status;
+  for (int32_t i = 0; i < 3; i++)
+    if (counts->stride[i] < 0 || blocks->stride[i] < 0)
+      return fail(FA4_ERR_BAD_TENSOR, "sparse tables: strides must be >= 0");
+  if (counts->shape[0] != b || counts->shape[1] != hq || counts->shape[2] != rows ||
+      counts->shape[3] != FA4_SPARSE_COUNT_FIELDS || blocks->shape[0] != b || blocks->shape[1] != hq ||
+      blocks->shape[2] != rows || bits->shape[0] % slot_words != 0)
+    return fail(FA4_ERR_BAD_TENSOR, "sparse tables: counts (%lld, %lld, %lld, " FA4_STR(FA4_SPARSE_COUNT_FIELDS)
+                ") and blocks (%lld, %lld, %lld, width), bits a whole number of %lld-word slots", (long long)b,
+                (long long)hq, (long long)rows, (long long)b, (long long)hq, (long long)rows, (long long)slot_words);
+  return FA4_OK;
+}
+
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
@@ -163,24 +186,11 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   fa4_tensor unused_table = {semaphores->data, 4, {1, 1, 1, 1}, {1, 1, 1, 1}};
   fa4_tensor unused_bits = {semaphores->data, 1, {1}, {1}};
   if (variant->mask == FA4_MASK_SPARSE) {
-    if ((status = check_tensor("sparse_counts", sparse_counts, 4, 4, 0)) ||
-        (status = check_tensor("sparse_blocks", sparse_blocks, 4, 4, 0)) ||
-        (status = check_tensor("sparse_bits", sparse_bits, 1, 4, 0)))
-      return status;
     int64_t m_blocks = (q->shape[1] + variant->tile_m - 1) / variant->tile_m;
-    int64_t slot_words = (int64_t)variant->tile_m * (variant->tile_n / 32);
-    for (int32_t i = 0; i < 3; i++)
-      if (sparse_counts->stride[i] < 0 || sparse_blocks->stride[i] < 0)
-        return fail(FA4_ERR_BAD_TENSOR, "sparse tables: strides must be >= 0");
-    if (sparse_counts->shape[0] != q->shape[0] || sparse_counts->shape[1] != q->shape[2] ||
-        sparse_counts->shape[2] != m_blocks || sparse_counts->shape[3] != 3 ||
-        sparse_blocks->shape[0] != q->shape[0] || sparse_blocks->shape[1] != q->shape[2] ||
-        sparse_blocks->shape[2] != m_blocks || sparse_bits->shape[0] % slot_words != 0 ||
-        params->pack_gqa != 1)
-      return fail(FA4_ERR_BAD_TENSOR, "sparse tables: counts (%lld, %lld, %lld, 3) and blocks (%lld, %lld, %lld, "
-                  "width) for %d-row tiles, bits a whole number of %lld-word slots, pack_gqa 1",
-                  (long long)q->shape[0], (long long)q->shape[2], (long long)m_blocks, (long long)q->shape[0],
-                  (long long)q->shape[2], (long long)m_blocks, variant->tile_m, (long long)slot_words);
+    if ((status = check_sparse_tables(sparse_counts, sparse_blocks, sparse_bits, q->shape[0], q->shape[2], m_blocks,
+                                      (int64_t)variant->tile_m * (variant->tile_n / 32))))
+      return status;
+    if (params->pack_gqa != 1) return fail(FA4_ERR_BAD_TENSOR, "block-sparse: pack_gqa must be 1");
   } else {
     sparse_counts = sparse_blocks = &unused_table;
     sparse_bits = &unused_bits;
@@ -300,23 +310,13 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   fa4_tensor unused_table = {dq_semaphore->data, 4, {1, 1, 1, 1}, {1, 1, 1, 1}};
   fa4_tensor unused_bits = {dq_semaphore->data, 1, {1}, {1}};
   if (variant->mask == FA4_MASK_SPARSE) {
-    if ((status = check_tensor("sparse_counts", sparse_counts, 4, 4, 0)) ||
-        (status = check_tensor("sparse_blocks", sparse_blocks, 4, 4, 0)) ||
-        (status = check_tensor("sparse_bits", sparse_bits, 1, 4, 0)))
-      return status;
     int64_t n_blocks = (sk + variant->tile_n - 1) / variant->tile_n;
-    int64_t slot_words = (int64_t)variant->tile_n * (variant->tile_m / 32);
-    for (int32_t i = 0; i < 3; i++)
-      if (sparse_counts->stride[i] < 0 || sparse_blocks->stride[i] < 0)
-        return fail(FA4_ERR_BAD_TENSOR, "sparse tables: strides must be >= 0");
-    if (sparse_counts->shape[0] != b || sparse_counts->shape[1] != hq || sparse_counts->shape[2] != n_blocks ||
-        sparse_counts->shape[3] != 3 || sparse_blocks->shape[0] != b || sparse_blocks->shape[1] != hq ||
-        sparse_blocks->shape[2] != n_blocks || sparse_bits->shape[0] % slot_words != 0 ||
-        params->num_n_blocks != n_blocks || params->deterministic || params->store_first || params->rotate)
-      return fail(FA4_ERR_BAD_TENSOR, "sparse tables: counts (%lld, %lld, %lld, 3) and blocks (%lld, %lld, %lld, "
-                  "width) for %d-key blocks, bits a whole number of %lld-word slots; all K/V blocks launched, "
-                  "no deterministic, store_first or rotate", (long long)b, (long long)hq, (long long)n_blocks,
-                  (long long)b, (long long)hq, (long long)n_blocks, variant->tile_n, (long long)slot_words);
+    if ((status = check_sparse_tables(sparse_counts, sparse_blocks, sparse_bits, b, hq, n_blocks,
+                                      (int64_t)variant->tile_n * (variant->tile_m / 32))))
+      return status;
+    if (params->num_n_blocks != n_blocks || params->deterministic || params->store_first || params->rotate)
+      return fail(FA4_ERR_BAD_TENSOR, "block-sparse backward: every K/V block launched (num_n_blocks %lld), no "
+                  "deterministic, store_first or rotate", (long long)n_blocks);
   } else {
     sparse_counts = sparse_blocks = &unused_table;
     sparse_bits = &unused_bits;

@@ -8,6 +8,9 @@ extern "C" {
 #endif
 
 #define FA4_MAX_RANK 4
+/* Fields per row of a block-sparse call's counts table (fa4_kernels.block_info.SPARSE_COUNT_FIELDS):
+ * partial blocks, all blocks, first bitmask slot, and the tile that runs at this position. */
+#define FA4_SPARSE_COUNT_FIELDS 4
 
 /* A strided view of device memory; sizes and strides in elements. */
 typedef struct {
@@ -80,10 +83,11 @@ int32_t fa4_split_workspace(int32_t variant, int32_t head_dim_v, int32_t num_sms
  * (n,) int32: a permutation of the sequences, the order in which their tiles are scheduled
  * (longest first, say). Dense variants ignore those four (any int32 vectors).
  * Block-sparse variants (mask FA4_MASK_SPARSE) read three int32 tables, which the others ignore
- * (NULL there): sparse_counts (b, hq, m_blocks, 3) and sparse_blocks (b, hq, m_blocks, width),
- * m_blocks = ceil(sq / tile_m), any leading strides (0 where broadcast), last dim contiguous:
- * per query tile its partial blocks, all its blocks and its first partial block's bitmask slot,
- * then its K/V blocks of tile_n keys, partial ones first; sparse_bits (slots * tile_m * tile_n / 32,)
+ * (NULL there): sparse_counts (b, hq, m_blocks, FA4_SPARSE_COUNT_FIELDS) and sparse_blocks (b, hq,
+ * m_blocks, width), m_blocks = ceil(sq / tile_m), any leading strides (0 where broadcast), last dim
+ * contiguous: per query tile its partial blocks, all its blocks, its first partial block's bitmask
+ * slot and the tile of its row scheduled at its position, then its K/V blocks of tile_n keys,
+ * partial ones first; sparse_bits (slots * tile_m * tile_n / 32,)
  * contiguous, 16-byte aligned: per slot and tile row tile_n / 32 words, key j in bit j % 32 of
  * word j // 32. Partial block i of a tile reads slot first_slot + i; a tile with no block must list
  * one partial block whose slot is all zeros (fa4.block_sparse writes them this way). Launches on
@@ -108,7 +112,7 @@ int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
  * query block's first K/V block stores, but rows no K/V block reaches (those that see no key)
  * must be zero. Block-sparse variants (FA4_MASK_SPARSE; dq_accum zero at launch, not deterministic,
  * no store_first or rotate) read the tables of fa4_fwd transposed (NULL for the others):
- * sparse_counts (b, hq, n_blocks, 3) and sparse_blocks (b, hq, n_blocks, width), per K/V block of
+ * sparse_counts (b, hq, n_blocks, 4) and sparse_blocks (b, hq, n_blocks, width), per K/V block of
  * tile_n keys and query head its query blocks of tile_m rows, partial ones first; sparse_bits
  * (slots * tile_n * tile_m / 32,): per slot and key tile_m / 32 words, query i in bit i % 32 of
  * word i // 32. A K/V block no query sees lists one partial block of an all-zero slot. */

@@ -217,9 +217,11 @@ def partial_tile_shift(tile_m: int, seqlen_q):
 
 # ------------------------------------------------------------------- block-sparse: from tables
 # The per-tile counts a block-sparse call passes (fa4.block_sparse builds them from a BlockMask):
-# the tile's partial blocks, all its blocks, and the bitmask slot of its first partial block.
-SPARSE_PARTIAL, SPARSE_TOTAL, SPARSE_FIRST_SLOT = 0, 1, 2
-SPARSE_COUNT_FIELDS = 3
+# the tile's partial blocks, all its blocks, and the bitmask slot of its first partial block; and,
+# by position rather than by tile, the schedule: the tile of its row that runs position-th
+# (longest first). FA4_SPARSE_COUNT_FIELDS in csrc_shims/fa4_shim.h is the same number.
+SPARSE_PARTIAL, SPARSE_TOTAL, SPARSE_FIRST_SLOT, SPARSE_ORDER = 0, 1, 2, 3
+SPARSE_COUNT_FIELDS = 4
 
 
 @dataclass(frozen=True)
@@ -251,3 +253,10 @@ class SparseBlocks:
     def n_block(self, i, n_blocks):
         """The i-th block visited, clamped into [0, n_blocks)."""
         return cutlass.min(cutlass.max(self.blocks[i], 0), n_blocks - 1)
+
+    @staticmethod
+    def scheduled_tile(mCounts: cute.Tensor, batch_idx, head_idx, position, num_tiles):
+        """The tile of its table row that runs at ``position`` of the row's schedule (longest
+        first: the host sorts the rows' tiles by blocks visited), clamped into [0, num_tiles)."""
+        tile = mCounts[batch_idx, head_idx, position, SPARSE_ORDER]
+        return cutlass.min(cutlass.max(tile, 0), num_tiles - 1)

@@ -31,10 +31,15 @@ def test_tables_describe_flex_semantics_at_any_tile(sq, sk, block, tile):
     mod = random_mod(sq, sk, sq * sk)
     block_mask = create_block_mask(mod, None, 2, sq, sk, device="cpu", BLOCK_SIZE=block)
     tables = block_sparse.build_tables(block_mask, 3, 2, tile)
-    assert tables.counts.shape == (3, 2, -(-sq // tile[0]), 3) and tables.counts.stride(0) == 0
+    assert tables.counts.shape == (3, 2, -(-sq // tile[0]), block_sparse.COUNT_FIELDS)
+    assert tables.counts.stride(0) == 0
     assert torch.equal(block_sparse.dense_mask(tables, sq, sk), flex_semantics(block_mask, mod, 3, 2, sq, sk))
-    partial, total, first = tables.counts.unbind(-1)
+    partial, total, first, order = tables.counts.unbind(-1)
     assert torch.all((1 <= total) & (partial <= total))
+    # The schedule: each row's tiles, a permutation, the ones visiting more blocks first.
+    assert torch.equal(order.sort(-1).values, torch.arange(order.shape[-1]).expand_as(order))
+    scheduled = total.gather(-1, order.long())
+    assert torch.all(scheduled[..., :-1] >= scheduled[..., 1:])
     slots = tables.bits.view(-1, tile[0], tile[1] // 32)
     assert torch.all(slots[0] == 0)  # the all-clear slot of tiles that see nothing
     # A tile that sees no key visits one block through slot 0; the others' slots follow in order.
@@ -49,8 +54,9 @@ def test_rows_that_see_nothing_and_key_tails():
     mod = lambda b, h, q, kv: q >= 32  # noqa: E731  rows 0-31 see nothing
     block_mask = create_block_mask(mod, None, None, 64, 40, device="cpu", BLOCK_SIZE=32)
     tables = block_sparse.build_tables(block_mask, 1, 1, (32, 32))
-    assert tables.counts[0, 0, 0].tolist() == [1, 1, 0]
+    assert tables.counts[0, 0, 0, :3].tolist() == [1, 1, 0]
     assert tables.counts[0, 0, 1, :2].tolist() == [1, 2]  # block 0 full, block 1 partial (keys 32-39 of 64)
+    assert tables.counts[0, 0, :, 3].tolist() == [1, 0]  # the tile with two blocks first
     assert tables.blocks[0, 0, 1].tolist() == [1, 0]  # partial blocks first
     dense = block_sparse.dense_mask(tables, 64, 40)
     assert not dense[0, 0, :32].any() and dense[0, 0, 32:].all()
@@ -77,7 +83,7 @@ def test_cpu_operator_matches_a_dense_float64_formula():
 def test_operator_names_the_table_it_rejects():
     q = torch.randn(1, 10, 2, 16)
     k = v = torch.randn(1, 10, 2, 16)
-    counts, blocks = torch.zeros(1, 2, 1, 3, dtype=torch.int32), torch.zeros(1, 2, 1, 1, dtype=torch.int32)
+    counts, blocks = torch.zeros(1, 2, 1, 4, dtype=torch.int32), torch.zeros(1, 2, 1, 1, dtype=torch.int32)
     bits = torch.zeros(32, dtype=torch.int32)
     with pytest.raises(ValueError, match="kv_counts must have shape"):
         torch.ops.fa4.fwd_sparse(q, k, v, counts[:, :1], blocks, bits, 32, 32, 1.0)
@@ -106,3 +112,17 @@ def test_block_sparse_tables_follow_the_batch_and_head_indices_the_mask_reads():
         kind = block_sparse._block_kinds(block_mask)[:, :, q.view(32, 1) // 16, kv.view(1, 32) // 16]
         want = (kind == 2) | ((kind == 1) & mod(b, h, q, kv))
         assert torch.equal(dense, want.expand(3, 2, 32, 32))
+
+
+def test_count_fields_agree_with_the_kernels_and_the_native_checks():
+    """One layout of the counts table: the runtime's, the kernels' (fa4_kernels.block_info) and
+    the native checks' (FA4_SPARSE_COUNT_FIELDS in csrc_shims/fa4_shim.h)."""
+    import re
+    from pathlib import Path
+
+    from fa4_kernels import block_info
+
+    header = (Path(__file__).resolve().parents[2] / "csrc_shims" / "fa4_shim.h").read_text()
+    native = int(re.search(r"#define FA4_SPARSE_COUNT_FIELDS (\d+)", header).group(1))
+    assert block_sparse.COUNT_FIELDS == block_info.SPARSE_COUNT_FIELDS == native
+    assert block_info.SPARSE_ORDER == native - 1

@@ -333,6 +333,26 @@ def bench_varlen(args, dtype) -> None:
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
+def forward_and_step(fns, sets, dout, flops, args):
+    """[("fwd", medians), ("fwd+bwd", medians)]: each provider's TFLOP/s (forward, and forward +
+    backward at 3.5x the FLOPs), the median over --rounds rounds, the providers in a rotated
+    order each round, inputs taken in turn from ``sets`` (q, k, v needing gradients)."""
+    out = []
+    for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+        result = {}
+        for r in range(args.rounds):
+            for name in list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]:
+                fn = fns[name]
+                if what == "fwd":
+                    call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
+                else:
+                    call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
+                ms = time_ms(call, args.warmup, args.iters)
+                result.setdefault(name, []).append(factor * flops / (ms * 1e-3) / 1e12)
+        out.append((what, {name: statistics.median(v) for name, v in result.items()}))
+    return out
+
+
 def bench_flex_masks(args, dtype) -> None:
     """Masks through FlexAttention's API, one BlockMask each: --flex-docs random-length causal
     documents in --tokens tokens (``fa4.masks.document``) and a causal 1024-key sliding window over
@@ -390,19 +410,7 @@ def bench_flex_masks(args, dtype) -> None:
                    "fa4": lambda q, k, v, own=own: own(q, k, v).reshape(1, tokens, heads, -1).transpose(1, 2),
                    "Flex": lambda q, k, v, bm=block_mask: compiled(q, k, v, block_mask=bm)}
             cells = []
-            for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
-                result = {}
-                for r in range(args.rounds):
-                    order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
-                    for name in order:
-                        fn = fns[name]
-                        if what == "fwd":
-                            call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
-                        else:
-                            call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
-                        ms = time_ms(call, args.warmup, args.iters)
-                        result.setdefault(name, []).append(factor * flops / (ms * 1e-3) / 1e12)
-                med = {name: statistics.median(v) for name, v in result.items()}  # over the rounds
+            for what, med in forward_and_step(fns, sets, dout, flops, args):
                 cells.append(f"{what}: " + "  ".join(f"{n} {t:6.1f}" for n, t in med.items())
                              + f"  flex/own {med['fa4.flex'] / med['fa4']:.3f}  fa4.flex/Flex "
                                f"{med['fa4.flex'] / med['Flex']:.3f}")
@@ -410,14 +418,14 @@ def bench_flex_masks(args, dtype) -> None:
 
 
 def bench_flex_sparse(args, dtype) -> None:
-    """A mask_mod fa4 reads only through its BlockMask and bits (fa4.block_sparse): half of the
-    128 x 128 blocks of --tokens x --tokens kept at random, half of those partial (a per-element
-    pattern keeping 4 keys in 5). fa4.flex_attention against torch's flex_attention compiled,
-    forward and forward + backward (3.5x the forward's FLOPs), TFLOP/s of useful work; the
-    BlockMask's and fa4's tables' (forward and backward) preparation times."""
+    """mask_mods fa4 reads only through their BlockMask and bits (fa4.block_sparse), at --tokens:
+    half of the 128 x 128 blocks kept at random, half of those partial (a per-element pattern
+    keeping 4 keys in 5); and causal written as a plain function (unequal tiles: the schedules'
+    longest-first order matters), beside fa4's own causal kernel. fa4.flex_attention eager and
+    compiled (its tables built inside the graph) against torch's flex_attention compiled, forward
+    and forward + backward (3.5x the forward's FLOPs), TFLOP/s of useful work; the BlockMask's and
+    fa4's tables' (forward and backward) preparation times."""
     from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
-
-    from fa4 import block_sparse
 
     compiled = torch.compile(flex_attention)
     tokens, block = args.tokens, 128
@@ -426,60 +434,65 @@ def bench_flex_sparse(args, dtype) -> None:
     keep = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
     partial = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
 
-    def mask_mod(b, h, q, kv):
+    def random_blocks(b, h, q, kv):
         cq, ck = q // block, kv // block
         return keep[cq, ck] & (~partial[cq, ck] | ((q * 7 + kv * 3) % 5 != 0))
 
-    create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")  # warm-up
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    for label, mask_mod in (("random 50% of blocks, half of them partial", random_blocks),
+                            ("causal as a plain mask_mod", causal)):
+        create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")  # warm-up
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        block_mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")
+        torch.cuda.synchronize()
+        mask_ms = (time.perf_counter() - start) * 1e3
+        pairs = int(create_mask(mask_mod, None, None, tokens, tokens, device="cuda").sum())
+        print(f"\nBlock-sparse mask_mod: {label}, {tokens} tokens ({pairs / tokens ** 2:.1%} of pairs visible): "
+              f"create_block_mask {mask_ms:.2f} ms")
+        for head_dim, head_dim_v in args.head_dims:
+            bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v, compiled,
+                                   own_causal=mask_mod is causal)
+
+
+def bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v, compiled, own_causal):
+    from fa4 import block_sparse
+
+    tokens = args.tokens
+    tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"))
+    heads = args.hidden // head_dim
+    bwd_tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"), kernel="bwd")
+    block_sparse.build_tables(block_mask, 1, heads, tile)  # warm-up
     torch.cuda.synchronize()
     start = time.perf_counter()
-    block_mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")
+    tables = block_sparse.build_tables(block_mask, 1, heads, tile)
     torch.cuda.synchronize()
-    mask_ms = (time.perf_counter() - start) * 1e3
-    pairs = int(create_mask(mask_mod, None, None, tokens, tokens, device="cuda").sum())
-    print(f"\nRandom block-sparse mask_mod, {tokens} tokens, {block} x {block} blocks ({pairs / tokens ** 2:.1%} of "
-          f"pairs visible): create_block_mask {mask_ms:.2f} ms")
-    for head_dim, head_dim_v in args.head_dims:
-        tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"))
-        heads = args.hidden // head_dim
-        bwd_tile = block_sparse.kernel_tile(dtype, head_dim, head_dim_v, torch.device("cuda"), kernel="bwd")
-        block_sparse.build_tables(block_mask, 1, heads, tile)  # warm-up
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        tables = block_sparse.build_tables(block_mask, 1, heads, tile)
-        torch.cuda.synchronize()
-        tables_ms = (time.perf_counter() - start) * 1e3
-        start = time.perf_counter()
-        block_sparse.build_tables(block_mask, 1, heads, bwd_tile, transposed=True)
-        torch.cuda.synchronize()
-        bwd_tables_ms = (time.perf_counter() - start) * 1e3
-        partial_tiles = tables.bits.numel() // (tile[0] * tile[1] // 32) - 1
-        sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
-                      for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
-        dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
-        flops = 2 * heads * pairs * (head_dim + head_dim_v)
-        fns = {"fa4.flex": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask),
-               "Flex": lambda q, k, v: compiled(q, k, v, block_mask=block_mask),
-               # The tables built inside the graph at every call (a slot per entry).
-               "fa4.flex compiled": torch.compile(lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask))}
-        cells = []
-        for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
-            result = {}
-            for r in range(args.rounds):
-                for name in list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]:
-                    fn = fns[name]
-                    if what == "fwd":
-                        call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
-                    else:
-                        call = lambda i, fn=fn: torch.autograd.grad(fn(*sets[i % 3]), sets[i % 3], dout)  # noqa: E731
-                    ms = time_ms(call, args.warmup, args.iters)
-                    result.setdefault(name, []).append(factor * flops / (ms * 1e-3) / 1e12)
-            med = {name: statistics.median(v) for name, v in result.items()}
-            cells.append(f"{what}: fa4.flex {med['fa4.flex']:6.1f}  Flex {med['Flex']:6.1f}  fa4.flex/Flex "
-                         f"{med['fa4.flex'] / med['Flex']:.3f}  fa4.flex compiled {med['fa4.flex compiled']:6.1f}")
-        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}: " + ";  ".join(cells) + f";  fa4 tables "
-              f"({tile[0]} x {tile[1]} tiles, {partial_tiles} partial) {tables_ms:.2f} ms, backward's "
-              f"({bwd_tile[0]} x {bwd_tile[1]}) {bwd_tables_ms:.2f} ms", flush=True)
+    tables_ms = (time.perf_counter() - start) * 1e3
+    start = time.perf_counter()
+    block_sparse.build_tables(block_mask, 1, heads, bwd_tile, transposed=True)
+    torch.cuda.synchronize()
+    bwd_tables_ms = (time.perf_counter() - start) * 1e3
+    partial_tiles = tables.bits.numel() // (tile[0] * tile[1] // 32) - 1
+    sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
+                  for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
+    dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
+    flops = 2 * heads * pairs * (head_dim + head_dim_v)
+    fns = {"fa4.flex": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask),
+           "Flex": lambda q, k, v: compiled(q, k, v, block_mask=block_mask),
+           # The tables built inside the graph at every call (a slot per entry).
+           "fa4.flex compiled": torch.compile(lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=block_mask))}
+    if own_causal:
+        fns["fa4 causal kernel"] = lambda q, k, v: fa4.attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2)
+    cells = []
+    for what, med in forward_and_step(fns, sets, dout, flops, args):
+        cells.append(f"{what}: " + "  ".join(f"{n} {t:6.1f}" for n, t in med.items())
+                     + f"  fa4.flex/Flex {med['fa4.flex'] / med['Flex']:.3f}")
+    print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}:\n  " + "\n  ".join(cells) + f"\n  fa4 tables "
+          f"({tile[0]} x {tile[1]} tiles, {partial_tiles} partial) {tables_ms:.2f} ms, backward's "
+          f"({bwd_tile[0]} x {bwd_tile[1]}) {bwd_tables_ms:.2f} ms", flush=True)
 
 
 def bench_gqa_decode(args, dtype):

@@ -14,8 +14,10 @@ Tables (layout: ``fa4_fwd`` / ``fa4_bwd`` in csrc_shims/fa4_shim.h; kernel side:
 fa4_kernels.block_info.SparseBlocks and mask.AttentionMask.load_bits), broadcast over batch and
 heads where the BlockMask is; the backward's are *transposed*: per K/V tile its query tiles, and
 per slot one row of bits over the queries for each key:
-  counts (B, H, M, 3) int32: per query tile its partial blocks, all its blocks, and the bitmask
-         slot of its first partial block (its i-th partial block reads slot first + i);
+  counts (B, H, M, 4) int32: per query tile its partial blocks, all its blocks, and the bitmask
+         slot of its first partial block (its i-th partial block reads slot first + i); and per
+         position the tile of the row that runs at it (the row's tiles by blocks visited, most
+         first: the forward's dynamic schedule, the backward's launch order);
   blocks (B, H, M, N) int32: its K/V blocks, partial ones first;
   bits   (slots * tile_m * tile_n / 32,) int32: slot 0 all clear (the one block a tile that
          sees no key visits), then one slot per partial tile, in table order.
@@ -35,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 BITS_PER_WORD = 32  # fa4_kernels.mask.BITS_PER_WORD
-COUNT_FIELDS = 3  # fa4_kernels.block_info.SPARSE_COUNT_FIELDS
+COUNT_FIELDS = 4  # fa4_kernels.block_info.SPARSE_COUNT_FIELDS
 _EMPTY, _PARTIAL, _FULL = 0, 1, 2
 # Partial tiles whose mask_mod is evaluated at once (tiles x tile_m x tile_n booleans).
 _EVAL_ELEMENTS = 1 << 26
@@ -250,7 +252,9 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], tran
     num_partial = torch.where(empty, 1, num_partial)
     first_slot = torch.where(empty, 0, first_slot)
     total = torch.where(empty, 1, total)
-    counts = torch.stack((num_partial, total, first_slot), -1)
+    # Longest first (stable: equal tiles keep their order, and with it the heads' L2 sharing).
+    order = torch.sort(total, dim=-1, descending=True, stable=True).indices.to(torch.int32)
+    counts = torch.stack((num_partial, total, first_slot, order), -1)
     zero_slot = torch.zeros((1, *bits.shape[1:]), dtype=torch.int32, device=tiles.device)
     flat_bits = torch.cat((zero_slot, bits)).reshape(-1)
     expand = lambda t: t.expand(batch, heads, *t.shape[2:])  # noqa: E731
@@ -275,7 +279,7 @@ def dense_mask(tables: SparseTables, seqlen_q: int, seqlen_k: int) -> torch.Tens
     slot_bits = ((slots[..., None] >> shifts) & 1).bool().reshape(slots.shape[0], tm, tn)
     mask = torch.zeros((b, h, m_tiles * tm, n_tiles * tn), dtype=torch.bool, device=dev)
     tile_view = mask.view(b, h, m_tiles, tm, n_tiles, tn)
-    num_partial, total, first = (counts[..., i].clamp(min=0) for i in range(COUNT_FIELDS))
+    num_partial, total, first = (counts[..., i].clamp(min=0) for i in range(3))
     total = total.clamp(1, width)
     num_partial = torch.minimum(num_partial, total)
     for i in range(width):

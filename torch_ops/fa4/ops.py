@@ -64,9 +64,9 @@ def _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softma
     if tile_m <= 0 or tile_n <= 0 or tile_n % block_sparse.BITS_PER_WORD:
         raise ValueError(f"tile_m must be > 0 and tile_n a positive multiple of 32; got ({tile_m}, {tile_n})")
     if tuple(kv_counts.shape) != (b, hq, m_tiles, block_sparse.COUNT_FIELDS):
-        raise ValueError(f"kv_counts must have shape (batch, heads_q, ceil(seqlen_q / {tile_m}), 3) = "
-                         f"{(b, hq, m_tiles, 3)}; got {tuple(kv_counts.shape)}. Build the tables with "
-                         "fa4.block_sparse.tables.")
+        raise ValueError(f"kv_counts must have shape (batch, heads_q, ceil(seqlen_q / {tile_m}), "
+                         f"{block_sparse.COUNT_FIELDS}) = {(b, hq, m_tiles, block_sparse.COUNT_FIELDS)}; got "
+                         f"{tuple(kv_counts.shape)}. Build the tables with fa4.block_sparse.tables.")
     if tuple(kv_blocks.shape[:3]) != (b, hq, m_tiles) or kv_blocks.shape[3] < 1:
         raise ValueError(f"kv_blocks must have shape (batch, heads_q, {m_tiles}, width >= 1); got "
                          f"{tuple(kv_blocks.shape)}")
@@ -105,8 +105,8 @@ def _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n):
     if tuple(q_counts.shape) != (b, hq, n_tiles, block_sparse.COUNT_FIELDS) or \
             tuple(q_blocks.shape[:3]) != (b, hq, n_tiles):
         raise ValueError(f"q_counts / q_blocks must have shape (batch, heads_q, ceil(seqlen_k / {tile_n}) = {n_tiles}, "
-                         f"3 / width); got {tuple(q_counts.shape)} and {tuple(q_blocks.shape)}. Build them with "
-                         "fa4.block_sparse.tables(..., transposed=True).")
+                         f"{block_sparse.COUNT_FIELDS} / width); got {tuple(q_counts.shape)} and "
+                         f"{tuple(q_blocks.shape)}. Build them with fa4.block_sparse.tables(..., transposed=True).")
 
 
 @torch.library.register_fake("fa4::bwd_sparse")

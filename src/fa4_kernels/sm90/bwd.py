@@ -427,6 +427,11 @@ class FlashAttentionBackwardSm90:
                 # range starts, the earlier it launches and the sooner it can add; the blocks a
                 # CTA waits for launched before it (no deadlock).
                 n_block = cute.ceil_div(seq.seqlen_k, self.tile_n) - 1 - n_block
+        if const_expr(self.block_sparse):
+            # K/V blocks launch longest first (the host orders each table row by query blocks
+            # visited; a group's first query head orders the CTA's): fewer short ones at the end.
+            n_block = SparseBlocks.scheduled_tile(mSparseCounts, batch_idx, head_kv * (mQ.shape[2] // mK.shape[2]),
+                                                  n_block, cute.size(mSparseCounts.shape[2]))
         # Packed sequences: the grid covers the longest one; blocks past this one's keys idle.
         if n_block >= 0 and n_block * self.tile_n < seq.seqlen_k:
             if warp_idx == 0:

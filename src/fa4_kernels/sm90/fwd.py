@@ -535,7 +535,7 @@ class FlashAttentionForwardSm90:
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         tiles_loaded = Int32(0)
-        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
+        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
@@ -610,7 +610,7 @@ class FlashAttentionForwardSm90:
                 handoffs += 1
             else:
                 cursor += 1
-            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor)
+            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
 
     @cute.jit
     def wait_o_stored(self, o_free_mbar: cute.Pointer, first_v, tiles_loaded: Int32):
@@ -694,7 +694,7 @@ class FlashAttentionForwardSm90:
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
-        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor)
+        m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
         while valid:
             seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
@@ -876,7 +876,7 @@ class FlashAttentionForwardSm90:
                 handoffs += 1
             else:
                 cursor += 1
-            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor)
+            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
 
         # Shared memory must outlive the last TMA store's reads.
         if self.is_store_warp():
@@ -908,12 +908,18 @@ class FlashAttentionForwardSm90:
         return Int32(0)
 
     @cute.jit
-    def work(self, scheduler: StaticPersistentScheduler, cursor: Int32):
+    def work(self, scheduler: StaticPersistentScheduler, cursor: Int32, sparse_tables):
         """(m_block, head, batch, first K/V block, end K/V block, valid) of the work ``cursor``
         names: a tile index (dynamic schedule) or this CTA's item count (static; the K/V bounds
-        cut a split tail's pieces, see tile_scheduler.SplitTail)."""
+        cut a split tail's pieces, see tile_scheduler.SplitTail). Block-sparse: the schedule's
+        m_block is a position in its row's longest-first order (SparseBlocks.scheduled_tile)."""
         if const_expr(self.dynamic_schedule):
             m_block, head_idx, batch_idx, valid = scheduler.decode(cursor)
+            if const_expr(self.block_sparse):
+                mCounts = sparse_tables[0]
+                if valid:
+                    m_block = SparseBlocks.scheduled_tile(mCounts, batch_idx, head_idx, m_block,
+                                                          cute.size(mCounts.shape[2]))
             return m_block, head_idx, batch_idx, Int32(0), Int32(UNBOUNDED_BLOCKS), valid
         tile, kv_lo, kv_hi, in_share = scheduler.static_work(cursor)
         m_block, head_idx, batch_idx, valid = scheduler.decode(tile)
