@@ -161,7 +161,7 @@ def _compile_fwd(key: catalog.VariantKey):
 
 def _sparse_tables():
     """Fake block-sparse tables (block_info.SparseBlocks, mask.AttentionMask.load_bits): counts
-    (batch, heads, m_blocks, 3) and blocks (batch, heads, m_blocks, width) int32 with any
+    (batch, heads, m_blocks, SPARSE_COUNT_FIELDS) and blocks (batch, heads, m_blocks, width) int32 with any
     leading strides (0 where broadcast), the bitmask a flat int32 vector."""
     import cutlass
     import cutlass.cute as cute

@@ -260,7 +260,7 @@ class FlashAttentionBackwardSm90:
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
         # (batch, heads_q, query blocks) int32, zero at launch: deterministic turns, store_first's claims
         mdQsemaphore: cute.Tensor,
-        mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, 3) int32 (block_info.SparseBlocks)
+        mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, width) int32 query blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 transposed bitmask slots (AttentionMask.load_bits)
         softmax_scale: Float32,

@@ -25,7 +25,10 @@ sequence's partial tile is its first (cheapest) one, not its last (see ``block_i
 
 Masking is applied only on boundary blocks: the last K block (seqlen_k tail, plus causal/local
 right edge), the causal/local diagonal blocks, and the blocks on a local window's left edge.
-Blocks entirely outside the mask are never loaded.
+Blocks entirely outside the mask are never loaded. Block-sparse variants (FlexAttention
+BlockMasks) take each tile's blocks from the host's tables instead (block_info.SparseBlocks):
+partial blocks first, masked by their bitmask slots, then full ones unmasked; tiles scheduled in
+each table row's longest-first order.
 """
 from dataclasses import replace
 from typing import Optional
@@ -255,7 +258,7 @@ class FlashAttentionForwardSm90:
         mCuSeqlensK: cute.Tensor,  # varlen: (batch + 1,) into the packed k/v
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
         mSeqOrder: cute.Tensor,  # varlen: (batch,) permutation: sequences in scheduling order
-        mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, 3) int32 (block_info.SparseBlocks)
+        mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, width) int32 K/V blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 bitmask slots (mask.AttentionMask.load_bits)
         softmax_scale: Float32,
