@@ -30,6 +30,7 @@ the graph.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from typing import NamedTuple
@@ -73,14 +74,18 @@ def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torc
 @torch._dynamo.assume_constant_result  # read at graph-capture time (a file read dynamo cannot trace)
 def _built_tile(dtype: str | None, head_dim: int, head_dim_v: int, softcap: bool, kernel: str):
     """(tile_m, tile_n) of the build manifest's block-sparse ``kernel`` variant, or None."""
+    return _built_tiles().get((kernel, dtype, head_dim, head_dim_v, softcap))
+
+
+@functools.cache
+def _built_tiles() -> dict:
+    """{(kernel, dtype, head_dim, head_dim_v, softcap): (tile_m, tile_n)} of the manifest's
+    block-sparse variants, read once (a scan of the manifest per call was tens of microseconds)."""
     from fa4 import _native
 
-    for v in _native.manifest()["variants"]:
-        if (v.get("kernel", "fwd") == kernel and v["mask"] == "sparse" and v["dtype"] == dtype
-                and v["softcap"] == softcap and v["head_dim"] == head_dim and v["head_dim_v"] == head_dim_v
-                and not v.get("varlen")):
-            return v["tile_m"], v["tile_n"]
-    return None
+    return {(v.get("kernel", "fwd"), v["dtype"], v["head_dim"], v["head_dim_v"], bool(v["softcap"])):
+            (v["tile_m"], v["tile_n"])
+            for v in _native.manifest()["variants"] if v["mask"] == "sparse" and not v.get("varlen")}
 
 
 # ------------------------------------------------------------------------------ tables
@@ -156,7 +161,7 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
     dev = kinds.device
     shape = (tn, tm // BITS_PER_WORD) if transposed else (tm, tn // BITS_PER_WORD)
     out = torch.empty((where.shape[0], *shape), dtype=torch.int32, device=dev)
-    weights = (torch.ones((), dtype=torch.int64, device=dev) << torch.arange(BITS_PER_WORD, device=dev))
+    byte_weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=dev)
     mask_mod = block_mask.mask_mod
     evaluate = None if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask" else _vmapped(mask_mod)
     step = max(1, _EVAL_ELEMENTS // (tm * tn))
@@ -175,8 +180,9 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
         bits &= (q < sq)[:, :, None] & (kv < sk)[:, None, :]
         if transposed:
             bits = bits.transpose(1, 2)
-        words = (bits.reshape(*bits.shape[:2], -1, BITS_PER_WORD).to(torch.int64) * weights).sum(-1)
-        out[start:start + step] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+        # Eight bits to a byte (bit i of byte k is element 8k + i), four little-endian bytes to a word.
+        packed = (bits.reshape(*bits.shape[:2], -1, 8).to(torch.uint8) * byte_weights).sum(-1, dtype=torch.uint8)
+        out[start:start + step] = packed.contiguous().view(torch.int32)
     return out
 
 
