@@ -23,10 +23,9 @@ per slot one row of bits over the queries for each key:
          sees no key visits), then one slot per partial tile, in table order.
 Eager calls give each partial tile one slot, which reads the number of partial tiles on the host
 (one sync), and reuse the tables of a BlockMask they have seen (``tables`` caches them per
-BlockMask object). Under torch.compile every table entry gets a slot (the bits of the whole
-(batch, head) grids the tables hold, the size of the mask over 8 bytes per element pair: 32 MB
-for a broadcast 16k x 16k mask), so the build is free of data-dependent shapes and traces into
-the graph.
+BlockMask object). Under torch.compile every table entry gets a slot (one bit per (query, key)
+pair of every (batch, head) grid the tables hold: 32 MB for a broadcast 16k x 16k mask), so the
+build is free of data-dependent shapes and traces into the graph.
 """
 from __future__ import annotations
 
