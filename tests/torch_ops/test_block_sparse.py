@@ -114,7 +114,7 @@ def test_block_sparse_tables_follow_the_batch_and_head_indices_the_mask_reads():
         assert torch.equal(dense, want.expand(3, 2, 32, 32))
 
 
-def test_count_fields_agree_with_the_kernels_and_the_native_checks():
+def test_table_layout_agrees_with_the_kernels_and_the_native_checks():
     """One layout of the counts table: the runtime's, the kernels' (fa4_kernels.block_info) and
     the native checks' (FA4_SPARSE_COUNT_FIELDS in csrc_shims/fa4_shim.h)."""
     import re
@@ -126,3 +126,6 @@ def test_count_fields_agree_with_the_kernels_and_the_native_checks():
     native = int(re.search(r"#define FA4_SPARSE_COUNT_FIELDS (\d+)", header).group(1))
     assert block_sparse.COUNT_FIELDS == block_info.SPARSE_COUNT_FIELDS == native
     assert block_info.SPARSE_ORDER == native - 1
+    from fa4_kernels import mask
+
+    assert block_sparse.BITS_PER_WORD == mask.BITS_PER_WORD  # the bitmask's packing
