@@ -161,6 +161,7 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
     shape = (tn, tm // BITS_PER_WORD) if transposed else (tm, tn // BITS_PER_WORD)
     out = torch.empty((where.shape[0], *shape), dtype=torch.int32, device=dev)
     byte_weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=dev)
+    word_weights = torch.tensor([1 << (8 * i) for i in range(4)], dtype=torch.int64, device=dev)
     mask_mod = block_mask.mask_mod
     evaluate = None if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask" else _vmapped(mask_mod)
     step = max(1, _EVAL_ELEMENTS // (tm * tn))
@@ -179,9 +180,12 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
         bits &= (q < sq)[:, :, None] & (kv < sk)[:, None, :]
         if transposed:
             bits = bits.transpose(1, 2)
-        # Eight bits to a byte (bit i of byte k is element 8k + i), four little-endian bytes to a word.
+        # Eight bits to a byte (bit i of byte k is element 8k + i), four bytes to a word, in int64
+        # arithmetic, wrapped to int32 (a dtype view of the bytes does not lower in Inductor when
+        # it lays them out transposed).
         packed = (bits.reshape(*bits.shape[:2], -1, 8).to(torch.uint8) * byte_weights).sum(-1, dtype=torch.uint8)
-        out[start:start + step] = packed.contiguous().view(torch.int32)
+        words = (packed.reshape(*packed.shape[:2], -1, 4).to(torch.int64) * word_weights).sum(-1)
+        out[start:start + step] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     return out
 
 
