@@ -162,3 +162,25 @@ def test_compiled_step_matches_eager():
     dout = torch.randn_like(got)
     for a, e in zip(torch.autograd.grad(got, (q, k, v), dout), torch.autograd.grad(want, (q, k, v), dout)):
         assert (a.float() - e.float()).abs().max() <= 1e-2 * e.float().abs().max()
+
+
+def test_deterministic_training_falls_back_to_torch(monkeypatch):
+    """Under torch.use_deterministic_algorithms the block-sparse backward (dQ added in any
+    order) is not used: torch's flex_attention trains instead, after the one-time warning."""
+    from fa4 import flex
+
+    monkeypatch.setattr(flex, "_WARNED", set())
+    mask_mod = random_mask_mod(256, 256, (128, 128), 2, 3, False)
+    block_mask = create_block_mask(mask_mod, None, None, 256, 256, device="cuda")
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with pytest.warns(UserWarning, match="use_deterministic_algorithms"):
+            out = fa4.flex_attention(q, k, v, block_mask=block_mask)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    out.sum().backward()
+    visible = create_mask(mask_mod, None, None, 256, 256, device="cuda")
+    want, _ = reference(q.detach(), k.detach(), v.detach(), visible, 64 ** -0.5, 0.0, torch.float64)
+    assert (out.double() - want).abs().max() <= 2e-2
+    assert q.grad is not None and torch.isfinite(q.grad).all()

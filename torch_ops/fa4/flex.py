@@ -159,6 +159,9 @@ def _sparse_plan(reason, score_mod, return_aux, query, key, value):
             score_mod is None or isinstance(score_mod, score_mods.Softcap)):
         return reason  # the score_mod / max_scores reason stands
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if training and query.is_cuda and torch.are_deterministic_algorithms_enabled():
+        return (f"{reason} (fa4's block-sparse backward adds dQ in any order, and "
+                "torch.use_deterministic_algorithms is on)")
     softcap = score_mod.cap if score_mod is not None else None
     try:
         for kernel in ("fwd", "bwd") if training else ("fwd",):
