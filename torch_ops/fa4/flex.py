@@ -13,8 +13,8 @@ with separate key ids, the same documents in the same order, without one);
 torch.compile. Any other BlockMask (documents that are not contiguous runs, per-row prefix
 lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse kernels
 (fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks), forward and
-backward, eager and under torch.compile. Every other case (any other score_mod, ``max_scores``)
-runs torch's flex_attention with the same arguments after a one-time warning naming the reason:
+backward, eager and under torch.compile. Every other case (any other score_mod, ``max_scores``,
+those masks in CUDA training under torch.use_deterministic_algorithms) runs torch's flex_attention with the same arguments after a one-time warning naming the reason:
 the results are right either way, only the speed differs.
 """
 from __future__ import annotations
