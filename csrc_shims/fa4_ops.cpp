@@ -406,11 +406,12 @@ struct Candidates {
 int32_t dtype_id(ScalarType t) { return t == ScalarType::BFloat16 ? FA4_DTYPE_BF16 : FA4_DTYPE_FP16; }
 
 Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, int64_t dv, int32_t mask_kind,
-                         bool softcap, bool varlen, int32_t kind) {
+                         bool softcap, bool varlen, int32_t kind, int32_t score_mod = FA4_SCORE_NONE) {
   // The last few keys this thread looked up (a scan of the table is ~1 us of a call's host time).
   uint64_t key = ((uint64_t)(dev.cc_major * 10 + dev.cc_minor) << 48) | ((uint64_t)dtype_id(dtype) << 44) |
                  ((uint64_t)(d & 0xfff) << 32) | ((uint64_t)(dv & 0xfff) << 20) | ((uint64_t)mask_kind << 16) |
-                 ((uint64_t)softcap << 12) | ((uint64_t)varlen << 8) | (uint64_t)(kind + 1);
+                 ((uint64_t)softcap << 12) | ((uint64_t)varlen << 8) | ((uint64_t)score_mod << 4) |
+                 (uint64_t)(kind + 1);
   static thread_local std::array<std::pair<uint64_t, Candidates>, 8> recent{};
   static thread_local size_t next_slot = 0;
   for (auto &entry : recent)
@@ -420,7 +421,7 @@ Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, in
     const fa4_variant &x = fa4_variants[i];
     if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor && x.dtype == dtype_id(dtype) &&
         x.head_dim == d && x.head_dim_v == dv && x.mask == mask_kind && x.softcap == (int32_t)softcap &&
-        x.varlen == (int32_t)varlen)
+        x.varlen == (int32_t)varlen && x.score_mod == score_mod)
       c.family[x.tiles] = i;
   }
   recent[next_slot++ % recent.size()] = {key, c};
@@ -571,6 +572,42 @@ struct SparseTables {
   int64_t tile_m, tile_n;
 };
 
+// A built-in score_mod's kind and parameters (fa4_score_mod in fa4_shim.h): (heads_q, width)
+// fp32 slopes or relative-bias table, in the units of the scaled score.
+struct ScoreMod {
+  int32_t kind = FA4_SCORE_NONE;
+  Tensor params;
+};
+
+const char *score_mod_name(int32_t kind) {
+  return kind == FA4_SCORE_ALIBI ? "alibi" : kind == FA4_SCORE_RELBIAS ? "relative_bias" : "none";
+}
+
+// score_mod (0 none, 1 ALiBi slopes (heads_q, 1), 2 relative-bias table (heads_q, 2c + 1)) and its
+// fp32 parameters on q's device; score_mods have kernels without softcap only.
+ScoreMod check_score_mod(int64_t score_mod, const std::optional<Tensor> &params, const Tensor &q, double softcap) {
+  FA4_VALUE(score_mod >= FA4_SCORE_NONE && score_mod <= FA4_SCORE_RELBIAS,
+            "score_mod must be 0 (none), 1 (alibi) or 2 (relative_bias); got ", score_mod);
+  ScoreMod s;
+  s.kind = (int32_t)score_mod;
+  if (s.kind == FA4_SCORE_NONE) return s;
+  FA4_VALUE(params.has_value(), "score_params is required with score_mod=", score_mod_name(s.kind));
+  const Tensor &p = *params;
+  FA4_TYPE(p.scalar_type() == ScalarType::Float && p.dim() == 2, "score_params must be a 2-D torch.float32 tensor; got ",
+           p.dim(), "-D ", dtype_name(p.scalar_type()));
+  FA4_VALUE(p.is_cuda() && p.get_device_index() == q.get_device_index(), "score_params must be on q's device");
+  FA4_VALUE(p.size(0) == q.size(2) && p.size(1) >= 1, "score_params must be (heads_q = ", q.size(2),
+            ", width); got ", shape_text(p));
+  FA4_VALUE(s.kind != FA4_SCORE_ALIBI || p.size(1) == 1, "alibi takes one slope per query head: score_params (",
+            q.size(2), ", 1); got ", shape_text(p));
+  FA4_VALUE(s.kind != FA4_SCORE_RELBIAS || p.size(1) % 2 == 1,
+            "a relative_bias table is (heads_q, 2 * max_distance + 1); got ", shape_text(p));
+  FA4_VALUE(softcap == 0.0, "score_mod=", score_mod_name(s.kind), " with softcap: fa4 has no such kernel; use "
+            "torch.nn.attention.flex_attention with both in one score_mod");
+  s.params = p.is_contiguous() ? p : torch::stable::contiguous(p);  // a few floats per head
+  return s;
+}
+
 // Launch the compiled forward. q/k/v/out (batch, seqlen, heads, dim) and lse (batch, heads,
 // seqlen), or packed: (total, heads, dim) and (heads, total) with `varlen`.
 void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &lse, fa4_mask mask, double scale,
@@ -667,7 +704,7 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   phases.mark("workspace");
   DeviceGuard guard(device);
   check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &partials_view, &cu_q, &cu_k, &used_k, &order, nullptr,
-                       nullptr, nullptr, &params, stream),
+                       nullptr, nullptr, nullptr, &params, stream),
                "forward kernel");
   phases.mark("launch");
 }
@@ -722,14 +759,17 @@ void check_sparse_call(const Tensor &q, const Tensor &k, const Tensor &v, double
 std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor counts, Tensor blocks, Tensor bits,
                                       int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap,
                                       std::optional<Tensor> q_counts, std::optional<Tensor> q_blocks,
-                                      std::optional<Tensor> q_bits, int64_t bwd_tile_m, int64_t bwd_tile_n) {
+                                      std::optional<Tensor> q_bits, int64_t bwd_tile_m, int64_t bwd_tile_n,
+                                      int64_t score_mod, std::optional<Tensor> score_params) {
   (void)q_counts, (void)q_blocks, (void)q_bits, (void)bwd_tile_m, (void)bwd_tile_n;  // for autograd
   Phases phases("fwd_sparse");
   check_sparse_call(q, k, v, softmax_scale, softcap, counts, blocks, bits, "kv");
+  ScoreMod score = check_score_mod(score_mod, score_params, q, softcap);
   int device = q.get_device_index();
   const DeviceFacts &dev = device_facts(device);
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), d = q.size(3), sk = k.size(1), dv = v.size(3);
-  Candidates c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_SPARSE, softcap > 0.0, false, FA4_KERNEL_FWD);
+  Candidates c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_SPARSE, softcap > 0.0, false, FA4_KERNEL_FWD,
+                               score.kind);
   if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, FA4_MASK_SPARSE, softcap > 0.0, FA4_KERNEL_FWD);
   int32_t index = c.family[FA4_TILES_REGULAR];
   const fa4_variant &variant = fa4_variants[index];
@@ -770,10 +810,11 @@ std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor count
   fa4_tensor nu = view_of(unused);
   fa4_tensor nq = view_of(q), nk = view_of(k), nv = view_of(v), no = view_of(out), nl = view_of(lse);
   fa4_tensor nc = view_of(counts), nb = view_of(blocks), nbits = view_of(bits);
+  fa4_tensor nscore = score.kind != FA4_SCORE_NONE ? view_of(score.params) : nu;
   phases.mark("workspace");
   DeviceGuard guard(device);
-  check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &nu, &nu, &nu, &nu, &nu, &nc, &nb, &nbits, &params,
-                       stream),
+  check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &nu, &nu, &nu, &nu, &nu, &nc, &nb, &nbits,
+                       score.kind != FA4_SCORE_NONE ? &nscore : nullptr, &params, stream),
                "block-sparse forward kernel");
   phases.mark("launch");
   return {out, lse};
@@ -840,7 +881,9 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
                                                 const Tensor &lse, std::optional<Tensor> dlse, fa4_mask mask,
                                                 double scale, double softcap, bool deterministic,
                                                 const Varlen *varlen, Phases &phases,
-                                                const SparseTables *sparse = nullptr) {
+                                                const SparseTables *sparse = nullptr,
+                                                const ScoreMod *score = nullptr, Tensor *score_grad = nullptr) {
+  const int32_t score_kind = score ? score->kind : FA4_SCORE_NONE;
   int device = q.get_device_index();
   const DeviceFacts &dev = device_facts(device);
   int lead = varlen ? 1 : 0;
@@ -848,7 +891,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   const int64_t d = q.size(lead ? 2 : 3), sk = k.size(lead ? 0 : 1), dv = v.size(lead ? 2 : 3);
   if (sparse) mask = fa4_mask{FA4_MASK_SPARSE, 0, 0};
   else if (!varlen) mask = fa4_effective_mask(mask, sq, sk);  // as the forward ran
-  Candidates main_c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen, FA4_KERNEL_BWD);
+  Candidates main_c =
+      find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen, FA4_KERNEL_BWD, score_kind);
   Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, varlen, FA4_KERNEL_BWD_PRE);
   Candidates post_c = find_variants(dev, q.scalar_type(), 0, 0, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_POST);
   if (main_c.family[0] < 0 || pre_c.family[0] < 0 || post_c.family[0] < 0)
@@ -926,6 +970,20 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   fa4_tensor n_dk = view_of(dk, lead), n_dv = view_of(dv_out, lead);
   fa4_tensor n_counts{}, n_blocks{}, n_bits{};
   if (sparse) n_counts = view_of(sparse->counts), n_blocks = view_of(sparse->blocks), n_bits = view_of(sparse->bits);
+  // A score_mod's parameters, and their gradient when asked for (fp32, zeroed: the kernel adds
+  // into it; 0 rows: none).
+  fa4_tensor n_score{}, n_score_grad{};
+  if (score_kind != FA4_SCORE_NONE) {
+    n_score = view_of(score->params);
+    const int64_t width = score->params.size(1);
+    if (score_grad) {
+      *score_grad = zeros({hq, width}, f32, device, 4, stream);
+      n_score_grad = view_of(*score_grad);
+    } else {
+      n_score_grad = n_score;
+      n_score_grad.shape[0] = 0;
+    }
+  }
   fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
                         varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first};
@@ -938,7 +996,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     phases.mark("launch preprocess");
     check_status(fa4_bwd(main_c.family[0], &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
                          &cu_k, &used_k, &n_sem, sparse ? &n_counts : nullptr, sparse ? &n_blocks : nullptr,
-                         sparse ? &n_bits : nullptr, &params, stream),
+                         sparse ? &n_bits : nullptr, score_kind ? &n_score : nullptr,
+                         score_kind ? &n_score_grad : nullptr, &params, stream),
                  "backward kernel");
     phases.mark("launch main");
     // dQ in the input dtype: the postprocess kernel (a torch copy cost ~10-12 us of host time).
@@ -971,11 +1030,16 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   return run_backward(dout, q, k, v, out, lse, dlse, mask, softmax_scale, softcap, deterministic, nullptr, phases);
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                                              std::optional<Tensor> dlse, Tensor counts, Tensor blocks, Tensor bits,
-                                              int64_t tile_m, int64_t tile_n, double softmax_scale, double softcap) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                      Tensor lse, std::optional<Tensor> dlse, Tensor counts,
+                                                      Tensor blocks, Tensor bits, int64_t tile_m, int64_t tile_n,
+                                                      double softmax_scale, double softcap, int64_t score_mod,
+                                                      std::optional<Tensor> score_params, bool score_grad) {
   Phases phases("bwd_sparse");
   check_sparse_call(q, k, v, softmax_scale, softcap, counts, blocks, bits, "q");
+  ScoreMod score = check_score_mod(score_mod, score_params, q, softcap);
+  const int64_t width = score.kind != FA4_SCORE_NONE ? score.params.size(1) : 0;
+  int device = q.get_device_index();
   const int64_t n_blocks = tile_n > 0 ? (k.size(1) + tile_n - 1) / tile_n : -1;
   FA4_VALUE(tile_m > 0 && tile_m % 32 == 0 && tile_n > 0, "tile_m must be a positive multiple of 32 and tile_n > 0");
   FA4_VALUE(counts.size(0) == q.size(0) && counts.size(1) == q.size(2) && counts.size(2) == n_blocks &&
@@ -990,11 +1054,21 @@ std::tuple<Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Tensor k, T
   FA4_VALUE(bits.numel() >= tile_n * tile_m / 32 && bits.numel() % (tile_n * tile_m / 32) == 0,
             "q_bits must hold whole slots of ", tile_n * tile_m / 32, " words; got ", bits.numel());
   phases.mark("checks");
-  if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(1) == 0) return zero_grads(q, k, v);
+  // The parameters' gradient: (heads_q, width) fp32 when asked for (run_backward zeroes it for
+  // the kernel to add into), else (0, width).
+  const bool with_grad = score_grad && score.kind != FA4_SCORE_NONE;
+  Tensor dscore;
+  if (!with_grad) dscore = empty({0, width}, aoti_torch_dtype_float32(), device);
+  if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(1) == 0) {
+    if (with_grad) dscore = zeros({q.size(2), width}, aoti_torch_dtype_float32(), device, 4, current_stream(device));
+    auto [dq, dk, dv] = zero_grads(q, k, v);
+    return {dq, dk, dv, dscore};
+  }
   if (!bits.is_contiguous()) bits = torch::stable::contiguous(bits);
   SparseTables sparse{counts, blocks, bits, tile_m, tile_n};
-  return run_backward(dout, q, k, v, out, lse, dlse, fa4_mask{FA4_MASK_SPARSE, 0, 0}, softmax_scale, softcap, false,
-                      nullptr, phases, &sparse);
+  auto [dq, dk, dv] = run_backward(dout, q, k, v, out, lse, dlse, fa4_mask{FA4_MASK_SPARSE, 0, 0}, softmax_scale,
+                                   softcap, false, nullptr, phases, &sparse, &score, with_grad ? &dscore : nullptr);
+  return {dq, dk, dv, dscore};
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,

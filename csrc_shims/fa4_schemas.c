@@ -16,13 +16,18 @@ static const char *const schemas[] = {
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
     "float softmax_scale, " MASK_ARGS ", bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)",
     /* Block-sparse (FlexAttention BlockMask) attention: the tables of fa4.block_sparse at the kernels'
-       tiles; the forward carries the backward's (transposed) tables for autograd. */
+       tiles; the forward carries the backward's (transposed) tables for autograd. score_mod: 0 none,
+       1 ALiBi (score_params: slopes (heads_q, 1)), 2 relative bias (a table (heads_q, 2c + 1) read at
+       clamp(q - k, -c, c) + c), fp32, added to the scaled scores; the backward returns their
+       gradient (fp32) with score_grad=True, else dscore has no rows. */
     "fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor kv_counts, Tensor kv_blocks, Tensor kv_bits, int tile_m, "
     "int tile_n, float softmax_scale, float softcap=0.0, Tensor? q_counts=None, Tensor? q_blocks=None, "
-    "Tensor? q_bits=None, int bwd_tile_m=0, int bwd_tile_n=0) -> (Tensor out, Tensor lse)",
+    "Tensor? q_bits=None, int bwd_tile_m=0, int bwd_tile_n=0, int score_mod=0, Tensor? score_params=None) "
+    "-> (Tensor out, Tensor lse)",
     "bwd_sparse(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, Tensor q_counts, "
-    "Tensor q_blocks, Tensor q_bits, int tile_m, int tile_n, float softmax_scale, float softcap=0.0) "
-    "-> (Tensor dq, Tensor dk, Tensor dv)",
+    "Tensor q_blocks, Tensor q_bits, int tile_m, int tile_n, float softmax_scale, float softcap=0.0, "
+    "int score_mod=0, Tensor? score_params=None, bool score_grad=False) "
+    "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dscore)",
 };
 
 int32_t fa4_schema_count(void) { return (int32_t)(sizeof(schemas) / sizeof(schemas[0])); }

@@ -159,12 +159,36 @@ static int32_t check_sparse_tables(const fa4_tensor *counts, const fa4_tensor *b
   return FA4_OK;
 }
 
+/* A score_mod launch's parameters (fa4_score_mod in fa4_shim.h): (hq, width) fp32 with a
+ * contiguous last dimension (rows may broadcast), width 1 for ALiBi and odd for a relative-bias
+ * table; the gradient, when given, (hq or 0, width) with contiguous rows. NULL grad: forward. */
+static int32_t check_score_tensors(const fa4_variant *variant, const fa4_tensor *params, const fa4_tensor *grad,
+                                   int64_t hq) {
+  if (!params || !params->data || params->rank != 2 || params->shape[0] != hq || params->shape[1] < 1 ||
+      params->shape[1] > INT32_MAX / 2 || params->stride[1] != 1 || params->stride[0] < 0 ||
+      (uintptr_t)params->data % 4 != 0)
+    return fail(FA4_ERR_BAD_TENSOR, "score_params: (heads_q = %lld, width) fp32 with a contiguous last dimension",
+                (long long)hq);
+  if (variant->score_mod == FA4_SCORE_ALIBI && params->shape[1] != 1)
+    return fail(FA4_ERR_BAD_TENSOR, "score_params: ALiBi takes one slope per head (width 1), got width %lld",
+                (long long)params->shape[1]);
+  if (variant->score_mod == FA4_SCORE_RELBIAS && params->shape[1] % 2 != 1)
+    return fail(FA4_ERR_BAD_TENSOR, "score_params: a relative-bias table has an odd width (2c + 1), got %lld",
+                (long long)params->shape[1]);
+  if (grad && (!grad->data || grad->rank != 2 || (grad->shape[0] != hq && grad->shape[0] != 0) ||
+               grad->shape[1] != params->shape[1] || grad->stride[1] != 1 ||
+               (grad->shape[0] > 1 && grad->stride[0] != params->shape[1]) || (uintptr_t)grad->data % 4 != 0))
+    return fail(FA4_ERR_BAD_TENSOR, "score_grad: (heads_q = %lld or 0, width %lld) fp32, rows contiguous",
+                (long long)hq, (long long)params->shape[1]);
+  return FA4_OK;
+}
+
 int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
-                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_fwd_params *params,
-                void *stream) {
+                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                const fa4_fwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -194,6 +218,12 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   } else {
     sparse_counts = sparse_blocks = &unused_table;
     sparse_bits = &unused_bits;
+  }
+  fa4_tensor unused_score = {semaphores->data, 2, {1, 1}, {1, 1}};
+  if (variant->score_mod != FA4_SCORE_NONE) {
+    if ((status = check_score_tensors(variant, score_params, NULL, q->shape[2]))) return status;
+  } else {
+    score_params = &unused_score;
   }
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
       params->window_right < 0)
@@ -236,7 +266,8 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   last_launch[FA4_KERNEL_FWD] = (fa4_launch){index, params->pack_gqa, params->tail_ctas, params->heads_per_group,
                                              params->num_sms, 0, 0, 0, semaphores->data, semaphores->shape[0]};
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             seq_order, sparse_counts, sparse_blocks, sparse_bits, params, (cudaStream_t)stream);
+                             seq_order, sparse_counts, sparse_blocks, sparse_bits, score_params, params,
+                             (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;
@@ -257,7 +288,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                 const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
-                const fa4_tensor *sparse_bits, const fa4_bwd_params *params, void *stream) {
+                const fa4_tensor *sparse_bits, const fa4_tensor *score_params, const fa4_tensor *score_grad,
+                const fa4_bwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -321,13 +353,22 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     sparse_counts = sparse_blocks = &unused_table;
     sparse_bits = &unused_bits;
   }
+  fa4_tensor unused_score = {dq_semaphore->data, 2, {1, 1}, {1, 1}};
+  fa4_tensor unused_grad = {dq_semaphore->data, 2, {0, 1}, {1, 1}};
+  if (variant->score_mod != FA4_SCORE_NONE) {
+    if (!score_grad) return fail(FA4_ERR_BAD_TENSOR, "score_grad: required by score_mod variants (0 rows: none)");
+    if ((status = check_score_tensors(variant, score_params, score_grad, hq))) return status;
+  } else {
+    score_params = &unused_score;
+    score_grad = &unused_grad;
+  }
   if ((status = ready_on_current_device(index))) return status;
 
   last_launch[FA4_KERNEL_BWD] = (fa4_launch){index, 1, 0, 0, 0, params->store_first, params->rotate,
                                              params->deterministic, dq_semaphore->data, dq_semaphore->shape[0]};
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                             seqused_k, dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, params,
-                             (cudaStream_t)stream);
+                             seqused_k, dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, score_params,
+                             score_grad, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -12,6 +12,14 @@ extern "C" {
  * partial blocks, all blocks, first bitmask slot, and the tile that runs at this position. */
 #define FA4_SPARSE_COUNT_FIELDS 4
 
+/* Built-in score_mods (fa4_kernels.catalog.SCORE_MODS; src/fa4_kernels/score_mod.py), block-sparse
+ * variants only: an additive bias on each score from score_params (heads_q, width) fp32, already
+ * divided by the softmax scale. ALIBI: width 1, bias = slope[h] * (key - query). RELBIAS: width
+ * 2c + 1, bias = table[h, clamp(query - key, -c, c) + c]. The backward adds the gradient of the
+ * scaled scores' bias into score_grad (heads_q, width) fp32, contiguous and zero at launch, or
+ * skips it when score_grad has 0 rows. */
+enum fa4_score_mod { FA4_SCORE_NONE = 0, FA4_SCORE_ALIBI = 1, FA4_SCORE_RELBIAS = 2 };
+
 /* A strided view of device memory; sizes and strides in elements. */
 typedef struct {
   void *data;
@@ -96,7 +104,8 @@ int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
-                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_fwd_params *params,
+                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                const fa4_fwd_params *params,
                 void *stream);
 
 /* The backward's main kernel: dq_accum (b, sq, hq, d) fp32, zero at launch, receives dQ (scaled);
@@ -121,7 +130,8 @@ int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                 const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
-                const fa4_tensor *sparse_bits, const fa4_bwd_params *params, void *stream);
+                const fa4_tensor *sparse_bits, const fa4_tensor *score_params, const fa4_tensor *score_grad,
+                const fa4_bwd_params *params, void *stream);
 
 /* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims, varlen):
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);

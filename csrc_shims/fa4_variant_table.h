@@ -18,7 +18,7 @@ typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa
                               const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                               const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
                               const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                              const fa4_fwd_params *params, cudaStream_t stream);
+                              const fa4_tensor *score_params, const fa4_fwd_params *params, cudaStream_t stream);
 
 typedef int32_t (*fa4_bwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                               const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
@@ -26,7 +26,8 @@ typedef int32_t (*fa4_bwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa
                               const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                               const fa4_tensor *seqused_k, const fa4_tensor *dq_semaphore,
                               const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
-                              const fa4_tensor *sparse_bits, const fa4_bwd_params *params, cudaStream_t stream);
+                              const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                              const fa4_tensor *score_grad, const fa4_bwd_params *params, cudaStream_t stream);
 
 typedef int32_t (*fa4_bwd_pre_fn)(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                                   const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
@@ -43,11 +44,12 @@ typedef struct {
   int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre / bwd_post below is set */
   int32_t cc_major, cc_minor;
   /* The call key it serves (catalog.VariantKey): dtype, head dims, mask (fa4_mask_kind in
-     fa4_rules.h), softcap, varlen, and its tile family (fa4_tile_family). */
+     fa4_rules.h), softcap, score_mod, varlen, and its tile family (fa4_tile_family). */
   int32_t dtype; /* fa4_dtype */
   int32_t head_dim, head_dim_v; /* 0, 0 for the postprocess (one per dtype) */
   int32_t mask;
   int32_t softcap;
+  int32_t score_mod; /* fa4_score_mod (fa4_shim.h) */
   int32_t tiles;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
   int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;

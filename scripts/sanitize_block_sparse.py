@@ -4,7 +4,8 @@ key and keys no row sees (the all-clear slot), blocks of 64 and (128, 64) agains
 tiles, GQA (a backward CTA walks several query heads' tables), more tiles than SMs (the dynamic
 schedule's hand-off ring), hd128 (128-key tiles, O in its own buffer; backward "keys" layout),
 hd64 (128-query backward blocks) and hd256 (64-key tiles, O in V's buffer; backward "keys_roles"
-layout, dQ through the stages), softcap.
+layout, dQ through the stages), softcap; the in-kernel score_mods (alibi, a relative-bias table
+shorter than the sequences), their parameters' gradient included.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py
 """
@@ -31,7 +32,16 @@ def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2, train=True):
     k, v = (torch.randn(batch, hk, sk, d, device=dev, dtype=torch.bfloat16, requires_grad=train) for _ in range(2))
     out = fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
     if train:
-        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        params = [p for p in (getattr(score_mod, "slopes", None), getattr(score_mod, "table", None)) if p is not None]
+        torch.autograd.grad(out, [q, k, v] + [p for p in params if p.requires_grad], torch.randn_like(out))
+
+
+def alibi(heads):
+    return score_mods.alibi(torch.linspace(0.05, 0.5, heads, device=dev).requires_grad_())
+
+
+def relative_bias(heads, center):
+    return score_mods.relative_bias(torch.randn(heads, 2 * center + 1, device=dev).requires_grad_())
 
 
 run(1000, 777, 8, 2, 128, 128)
@@ -41,5 +51,9 @@ run(600, 700, 4, 2, 64, 128, score_mods.softcap(10.0))
 run(600, 700, 4, 2, 64, 128)
 run(500, 900, 4, 2, 256, 128)
 run(1500, 600, 16, 16, 256, 64, batch=1)
+run(1000, 777, 8, 2, 128, 128, alibi(8))
+run(700, 1100, 4, 4, 64, 128, relative_bias(4, 100))
+run(500, 900, 4, 2, 256, 128, relative_bias(4, 2000))
+run(600, 500, 4, 4, 192, 64, alibi(4))
 torch.cuda.synchronize()
 print("ok")

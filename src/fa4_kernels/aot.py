@@ -148,12 +148,12 @@ def _compile_fwd(key: catalog.VariantKey):
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile,
-        block_sparse=key.mask == catalog.SPARSE_MASK, stamps=env_settings()["diag_stamps"],
+        block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, stamps=env_settings()["diag_stamps"],
     )
     semaphores, partials = vector(align=16), vector(Float32, 16)
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), stats(),
-        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(),
+        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(), _score_params(),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
         Int32(0), make_fake_stream(),
     )
@@ -177,6 +177,17 @@ def _sparse_tables():
     return table(SPARSE_COUNT_FIELDS), table(cute.sym_int()), bits
 
 
+def _score_params():
+    """A score_mod's parameters (or their gradient): (heads, width) fp32, rows contiguous
+    (score_mod.ScoreBias)."""
+    import cutlass.cute as cute
+    from cutlass import Float32
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(Float32, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
+                            assumed_align=4)
+
+
 def _compile_bwd(key: catalog.VariantKey):
     import cutlass
     import cutlass.cute as cute
@@ -192,7 +203,8 @@ def _compile_bwd(key: catalog.VariantKey):
         is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
-        block_sparse=key.mask == catalog.SPARSE_MASK,
+        block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod,
+        grad_address_per_tile=cfg.grad_address_per_tile,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)
@@ -200,8 +212,8 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, *_sparse_tables(), Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(0), Int32(0), Int32(0),
-        Int32(0), make_fake_stream(),
+        dq_semaphore, *_sparse_tables(), _score_params(), _score_params(), Float32(1.0), Float32(0.0), Int32(0),
+        Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
 
 
@@ -296,11 +308,12 @@ TENSOR_ARGS = {
     "fwd": {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
             "mPartials": "partials", "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k",
             "mSeqUsedK": "seqused_k", "mSeqOrder": "seq_order", "mSparseCounts": "sparse_counts",
-            "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits"},
+            "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits", "mScoreParams": "score_params"},
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
             "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore",
-            "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits"},
+            "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits",
+            "mScoreParams": "score_params", "mScoreGrad": "score_grad"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
                 "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mCuSeqlensQ": "cu_seqlens_q"},
     "bwd_post": {"mAccum": "dq_accum", "mOut": "dq"},
@@ -354,11 +367,12 @@ static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                        const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts,
                        const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
+                       const fa4_tensor *score_params, const fa4_tensor *score_grad,
                        const fa4_bwd_params *p, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_dout, &t_lse_log2, &t_dpsum, &t_dq_accum, &t_dk,
                               &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_dq_semaphore,
-                              &t_sparse_counts, &t_sparse_blocks, &t_sparse_bits,
+                              &t_sparse_counts, &t_sparse_blocks, &t_sparse_bits, &t_score_params, &t_score_grad,
                               p->softmax_scale, p->softcap, p->window_left, p->window_right, p->num_n_blocks,
                               p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream);
 }}"""
@@ -369,11 +383,11 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                        const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
                        const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                       const fa4_fwd_params *p, cudaStream_t stream) {{
+                       const fa4_tensor *score_params, const fa4_fwd_params *p, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
                               &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, &t_sparse_counts,
-                              &t_sparse_blocks, &t_sparse_bits, p->softmax_scale,
+                              &t_sparse_blocks, &t_sparse_bits, &t_score_params, p->softmax_scale,
                               p->softcap, p->window_left, p->window_right,
                               p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
                               p->pack_gqa, p->tail_ctas, stream);
@@ -417,8 +431,9 @@ static int32_t {n}_load(int32_t device) {{
         mask = {"none": "FA4_MASK_NONE", "causal": "FA4_MASK_CAUSAL", "local": "FA4_MASK_LOCAL",
                 "sparse": "FA4_MASK_SPARSE"}[key.mask]
         tiles = {"regular": "FA4_TILES_REGULAR", "short": "FA4_TILES_SHORT", "long": "FA4_TILES_LONG"}[key.tiles]
+        score = {"none": "FA4_SCORE_NONE", "alibi": "FA4_SCORE_ALIBI", "relbias": "FA4_SCORE_RELBIAS"}[key.score_mod]
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
-                    f'{int(key.softcap)}, {tiles}, {int(key.varlen)}, {cfg.tile_m}, '
+                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {cfg.tile_m}, '
                     f'{getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows

@@ -17,6 +17,10 @@ MASKS = ("none", "causal", "local")
 # Block-sparse kernels (FlexAttention BlockMasks through fa4.block_sparse's tables; partial
 # blocks masked by bits): a mask kind of their own, forward and backward, dense batches, every head dim.
 SPARSE_MASK = "sparse"
+# Built-in score_mods evaluated in the kernel (fa4.score_mods; src/fa4_kernels/score_mod.py): an
+# additive bias per score, with its parameters' gradient in the backward. Block-sparse kernels only
+# (fa4.flex_attention's path: any mask becomes tables), every head dim, without softcap.
+SCORE_MODS = ("alibi", "relbias")
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
 # statistics it reads) and its postprocess (dQ's conversion to the input dtype).
 KERNELS = ("fwd", "bwd", "bwd_pre", "bwd_post")
@@ -40,6 +44,7 @@ class VariantKey:
     # warpgroups, faster K/V steps that pay for their costlier tile boundaries only on long keys).
     tiles: str = "regular"
     kernel: str = "fwd"  # KERNELS
+    score_mod: str = "none"  # "none" | SCORE_MODS (block-sparse fwd and bwd)
 
     @property
     def name(self) -> str:
@@ -49,8 +54,9 @@ class VariantKey:
         sc = "_softcap" if self.softcap else ""
         vl = "_varlen" if self.varlen else ""
         tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
+        sm = "" if self.score_mod == "none" else f"_{self.score_mod}"
         return (f"fa4_{self.kernel}_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}"
-                f"{sc}{vl}{tl}")
+                f"{sc}{sm}{vl}{tl}")
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -85,6 +91,10 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
         VariantKey(arch, dtype, hd, hdv, SPARSE_MASK, softcap, kernel=kernel)
         for kernel, arch, dtype, (hd, hdv), softcap in itertools.product(
             ("fwd", "bwd"), archs, DTYPES, HEAD_DIMS, (False, True))
+    ] + [
+        VariantKey(arch, dtype, hd, hdv, SPARSE_MASK, False, kernel=kernel, score_mod=score_mod)
+        for score_mod, kernel, arch, dtype, (hd, hdv) in itertools.product(
+            SCORE_MODS, ("fwd", "bwd"), archs, DTYPES, HEAD_DIMS)
     ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")

@@ -154,7 +154,10 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
     tile_n = 128 if key.head_dim_v <= 128 else 64
     cfg = FwdConfig(tile_m=128, tile_n=tile_n, num_stages=2,
                     pv_wait="softmax" if key.head_dim_v > 128 else "first_exps")
-    if speculative_max_pays(key):
+    # In-kernel score_mods take the row max: with the speculative path their variants executed two
+    # exponentials per score (ncu, hd128 causal 16k: 134M MUFU against 68M, 1.92 ms; without it
+    # 70M, 1.63 ms; the same tables without a bias 1.42 ms).
+    if speculative_max_pays(key) and key.score_mod == "none":
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD, speculative_max=True, pv_wait="first_exps")
     elif key.head_dim_v > 64:
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
@@ -275,6 +278,10 @@ class BwdConfig:
     dq_split: str
     layout: str = "keys"
     dq_store: str = "tma"
+    # Relative-bias score_mods: the gradient's row address recomputed at each query block
+    # (ptx.loop_bound_zero) rather than held across the loop. Measured per head dim: hd128 spilled
+    # 3 registers without it, hd96 6 with it (score_mod.ScoreBias.accumulate_grad).
+    grad_address_per_tile: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
@@ -293,11 +300,12 @@ class BwdConfig:
 
 def bwd_config(key: VariantKey) -> BwdConfig:
     assert key.kernel == "bwd" and key.tiles == "regular"
-    if key.head_dim <= 64 and key.softcap:
+    if key.head_dim <= 64 and (key.softcap or key.score_mod == "relbias"):
         # With softcap the probabilities and dS come out of one pass after both GEMMs (tanh is
         # recomputed there): with 128-query blocks its 64 S^T and 64 dP^T registers beside the
         # LSE/dPsum of 32 columns spilled 2-29 registers; 64-query blocks (dQ by one warpgroup,
-        # as 32-column halves do not fit K's 128-byte swizzle) do not spill.
+        # as 32-column halves do not fit K's 128-byte swizzle) do not spill. A relative-bias
+        # table's reads and reductions (score_mod.py) spilled 40 with 128-query blocks, too.
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="single")
     elif key.head_dim <= 64:
         cfg = BwdConfig(tile_m=128, tile_n=128, num_stages=2, dq_split="rows")
@@ -326,6 +334,8 @@ def bwd_config(key: VariantKey) -> BwdConfig:
             cfg = replace(cfg, dq_store="stage")
     else:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
+    if key.score_mod == "relbias" and key.head_dim == 128:
+        cfg = replace(cfg, grad_address_per_tile=True)
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.

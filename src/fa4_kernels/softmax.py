@@ -67,15 +67,23 @@ class OnlineSoftmax:
         )
 
     @cute.jit
-    def step(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+    def step(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool], offsets=None) -> cute.Tensor:
         """Turn scores into unnormalised probabilities in place; return the per-row factor by
-        which the running output must be rescaled."""
+        which the running output must be rescaled. ``offsets``: a per-row value this thread's
+        scores lack (the scores are acc_S + offsets[r]; an ALiBi bias's part that is constant
+        along the thread's row fragment, score_mod.ScoreBias.apply_split), added to its row max
+        and taken off the exponentials' shift instead of added to every score."""
         acc_mn = rows_cols_view(acc_S)
         row_scale = cute.make_rmem_tensor_like(self.row_max, Float32)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             row = acc_mn[r, None].load()
             prev_max = self.row_max[r]
-            cur_max = row_max(row, None if const_expr(is_first) else prev_max)
+            if const_expr(offsets is None):
+                cur_max = row_max(row, None if const_expr(is_first) else prev_max)
+            else:
+                cur_max = row_max(row, None) + offsets[r]
+                if const_expr(not is_first):
+                    cur_max = fmax(cur_max, prev_max)
             cur_max = quad_allreduce(cur_max, fmax)
             if const_expr(not is_first and self.rescale_threshold > 0.0):
                 # Same decision in the 4 threads of a row (quad-reduced max). Both -inf: NaN
@@ -86,6 +94,8 @@ class OnlineSoftmax:
             # A row with every score masked keeps max -inf; use 0 so exp2 gives 0, not NaN.
             safe_max = Float32(0.0) if cur_max == -Float32.inf else cur_max
             max_scaled = safe_max * self.scale_log2
+            if const_expr(offsets is not None):
+                max_scaled = (safe_max - offsets[r]) * self.scale_log2
             p = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
             if const_expr(is_first):
                 row_scale[r] = Float32(1.0)
@@ -106,7 +116,7 @@ class OnlineSoftmax:
         )
 
     @cute.jit
-    def speculative_step(self, acc_S: cute.Tensor, probs: cute.Tensor) -> cute.Tensor:
+    def speculative_step(self, acc_S: cute.Tensor, probs: cute.Tensor, offsets=None) -> cute.Tensor:
         """Probabilities of a block after the first against the running max, with no row max:
         the max's reduction (FMNMX chains and quad shuffles) otherwise stands between the
         Q @ K^T wait and the first exponential of every K/V step. ``probs`` (shaped like
@@ -122,8 +132,10 @@ class OnlineSoftmax:
         p_mn = rows_cols_view(probs)
         block_sum = cute.make_rmem_tensor_like(self.row_sum, Float32)
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            p = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - self.row_max[r] * self.scale_log2,
-                               fastmath=True)
+            shift = self.row_max[r] * self.scale_log2
+            if const_expr(offsets is not None):  # see step
+                shift = (self.row_max[r] - offsets[r]) * self.scale_log2
+            p = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - shift, fastmath=True)
             block_sum[r] = p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
             p_mn[r, None].store(p)
         return block_sum

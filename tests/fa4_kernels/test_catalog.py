@@ -39,6 +39,7 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     backward = [v for v in catalog.all_variants() if v.kernel == "bwd"]
     preprocess = [v for v in catalog.all_variants() if v.kernel == "bwd_pre"]
     assert {(v.head_dim, v.head_dim_v) for v in backward} == set(catalog.BWD_HEAD_DIMS)
+    assert {v.score_mod for v in backward if v.mask != catalog.SPARSE_MASK} == {"none"}
     assert {(v.mask, v.softcap, v.varlen, v.dtype) for v in backward} == {
         (m, sc, vl, d) for m in catalog.MASKS for sc in (False, True) for vl in (False, True) for d in catalog.DTYPES
     } | {(catalog.SPARSE_MASK, sc, False, d) for sc in (False, True) for d in catalog.DTYPES}
@@ -62,7 +63,7 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
         with_staging = dataclasses.replace(cfg, dq_store="tma").smem_bytes(key.head_dim, key.head_dim_v)
         assert (cfg.dq_store == "stage") == (with_staging > heuristics.SMEM_LIMIT_SM90), key.name
         # Each main kernel has the preprocess of its dtype, head dims and layout.
-        assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False) in preprocess
+        assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False, score_mod="none") in preprocess
     assert all(heuristics.kernel_config(p).tile_m == heuristics.STATS_BLOCK_ROWS for p in preprocess)
     assert all((p.mask, p.softcap) == ("none", False) for p in preprocess)
     # One postprocess (dQ's flat conversion) per (arch, dtype), serving every head dim.
@@ -120,7 +121,10 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
     32-bit words; backward the dense shapes, whose query blocks (the transposed bits' rows) are
     whole words too."""
     sparse = [v for v in forward_variants() if v.mask == catalog.SPARSE_MASK]
-    assert len(sparse) == len(catalog.DTYPES) * len(catalog.HEAD_DIMS) * 2
+    # Per (dtype, head dims): softcap or not, and each in-kernel score_mod (without softcap).
+    assert len(sparse) == len(catalog.DTYPES) * len(catalog.HEAD_DIMS) * (2 + len(catalog.SCORE_MODS))
+    assert {(v.softcap, v.score_mod) for v in sparse} == {(False, "none"), (True, "none")} | {
+        (False, s) for s in catalog.SCORE_MODS}
     for key in sparse:
         cfg = heuristics.fwd_config(key)
         assert not key.varlen and key.tiles == "regular"
@@ -132,8 +136,14 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
     for key in sparse_bwd:
         cfg = heuristics.bwd_config(key)
         assert cfg.tile_m % 32 == 0 and not key.varlen, key.name
-        dense = heuristics.bwd_config(dataclasses.replace(key, mask="none"))
-        assert cfg == dense, key.name
+        dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none"))
+        if key.score_mod == "relbias" and key.head_dim <= 64:
+            # The table's reads and reductions take hd64's softcap shape: 64-query blocks.
+            dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none", softcap=True))
+            assert cfg.tile_m == 64, key.name
+        # The relative bias's gradient address per tile where it measured spill-free.
+        assert cfg.grad_address_per_tile == (key.score_mod == "relbias" and key.head_dim == 128), key.name
+        assert dataclasses.replace(cfg, grad_address_per_tile=False) == dense, key.name
 
 
 def test_dead_blocks_are_skipped_where_warpgroups_contend():

@@ -129,3 +129,36 @@ def test_table_layout_agrees_with_the_kernels_and_the_native_checks():
     from fa4_kernels import mask
 
     assert block_sparse.BITS_PER_WORD == mask.BITS_PER_WORD  # the bitmask's packing
+
+
+def test_fa4_masks_say_which_indices_they_read_as_a_trace_finds():
+    """fa4.masks' mask_mods state which of the batch / head indices they read (no trace: under
+    torch.compile on torch 2.11 they cannot be handed to it); the statement agrees with the trace."""
+    from fa4 import masks
+
+    ids = torch.tensor([0, 0, 1, 1, 1, 2])
+    cases = [masks.causal(), masks.sliding_window(3, 1), masks.prefix_lm(4), masks.prefix_lm(torch.tensor([2, 3])),
+             masks.document(ids), masks.document(torch.stack([ids, ids.flip(0)]), causal=True),
+             masks.and_masks(masks.causal(), masks.prefix_lm(torch.tensor([1, 5]))),
+             masks.or_masks(masks.causal(), masks.sliding_window(0, 2))]
+    for mod in cases:
+        assert mod.reads_batch_and_head() == block_sparse._reads_batch_and_head(mod, "cpu"), mod
+    custom = masks.and_masks(masks.causal(), lambda b, h, q, kv: q != kv)
+    assert custom.reads_batch_and_head() == (True, True)  # functions of its own: assumed to read both
+
+
+def test_full_blocks_crossing_the_last_key_become_partial():
+    """A BlockMask's own full block may reach past seqlen_k (BlockMask.from_kv_blocks): its kernel
+    tiles are partial, with the bits past the keys clear (a full tile would attend to the padding
+    keys the kernel loads as zeros)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    sq, sk = 200, 300
+    full = torch.arange(3, dtype=torch.int32).expand(1, 1, 2, 3).contiguous()
+    block_mask = BlockMask.from_kv_blocks(torch.zeros(1, 1, 2, dtype=torch.int32), torch.zeros_like(full),
+                                          torch.full((1, 1, 2), 3, dtype=torch.int32), full, BLOCK_SIZE=128,
+                                          seq_lengths=(sq, sk))
+    for tile, transposed in (((128, 128), False), ((128, 64), False), ((64, 128), True)):
+        tables = block_sparse.build_tables(block_mask, 1, 2, tile, transposed)
+        padded = block_sparse.dense_mask(tables, sq, 384)
+        assert padded[..., :sk].all() and not padded[..., sk:].any(), (tile, transposed)

@@ -115,10 +115,6 @@ SPARSE_MASKS = {  # (mask_mod, lengths, the fallback reason's words): no dense o
 }
 
 FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
-    "alibi": (lambda: None, lambda: score_mods.alibi(torch.linspace(0.1, 0.8, 4, dtype=torch.float64)),
-              (37, 37), "Alibi"),
-    "relative bias": (lambda: masks.causal(), lambda: score_mods.relative_bias(
-        torch.randn(4, 2 * 37 - 1, dtype=torch.float64)), (37, 37), "RelativeBias"),
     "bias": (lambda: None, lambda: score_mods.bias(torch.randn(37, 37, dtype=torch.float64)), (37, 37), "Bias"),
     "custom score": (lambda: None, lambda: (lambda s, b, h, q, kv: s * 0.5), (37, 37), "custom score_mod"),
 }

@@ -7,6 +7,7 @@
     python -m fa4.bench --host                # host (CPU) time per call against SDPA (bench_host)
     python -m fa4.bench --flex-docs 8         # documents and a window through FlexAttention's API
     python -m fa4.bench --flex-sparse         # a random block-sparse mask_mod (fa4's bitmask path)
+    python -m fa4.bench --flex-score          # in-kernel score_mods (alibi, a learned relative bias) + causal
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -495,6 +496,53 @@ def bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v,
           f"({bwd_tile[0]} x {bwd_tile[1]}) {bwd_tables_ms:.2f} ms", flush=True)
 
 
+def bench_flex_score(args, dtype) -> None:
+    """fa4's in-kernel score_mods with a causal BlockMask at --tokens: ALiBi (fixed slopes) and a
+    learned relative-bias table (+-256 positions, clamped beyond; its gradient computed in the
+    backward), through fa4.flex_attention, beside fa4's own causal kernel (no bias: the cost of
+    the bias) and torch's flex_attention compiled with the same score_mods; forward and forward +
+    backward (3.5x the forward's FLOPs), TFLOP/s of useful work."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    tokens = args.tokens
+    block_mask = create_block_mask(fa4.masks.causal(), None, None, tokens, tokens, device="cuda")
+    plain_causal = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, tokens, tokens, device="cuda")
+    pairs = tokens * (tokens + 1) // 2
+    print(f"\nIn-kernel score_mods with a causal BlockMask, {tokens} tokens: fa4.flex_attention, fa4's causal "
+          f"kernel (no bias), torch flex_attention compiled; TFLOP/s of useful work")
+    for head_dim, head_dim_v in args.head_dims:
+        heads = args.hidden // head_dim
+        slopes = torch.exp2(-8.0 * torch.arange(1, heads + 1, device="cuda") / heads)  # ALiBi's geometric slopes
+        table = (0.1 * torch.randn(heads, 2 * 256 + 1, device="cuda")).requires_grad_()
+        mods = {"alibi": fa4.score_mods.alibi(slopes), "relbias": fa4.score_mods.relative_bias(table)}
+        sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
+                      for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
+        dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
+        flops = 2 * heads * pairs * (head_dim + head_dim_v)
+        fns = {"fa4 causal": lambda q, k, v: fa4.attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2),
+               # Causal as a plain mask_mod without a score_mod: the block-sparse kernels' own cost
+               # (the same tables; fa4.masks.causal() alone would run the causal kernel).
+               "fa4.flex none": lambda q, k, v: fa4.flex_attention(q, k, v, block_mask=plain_causal)}
+        for name, mod in mods.items():
+            fns[f"fa4.flex {name}"] = lambda q, k, v, mod=mod: fa4.flex_attention(q, k, v, score_mod=mod,
+                                                                                 block_mask=block_mask)
+            flex = lambda q, k, v, mod=mod: compiled(q, k, v, score_mod=mod, block_mask=block_mask)  # noqa: E731
+            try:  # torch's Triton kernels may not compile for a score_mod at this head dim
+                torch.autograd.grad(flex(*sets[0]), sets[0], dout)
+                fns[f"Flex {name}"] = flex
+            except Exception as error:  # noqa: BLE001
+                print(f"  Flex {name} at hd{head_dim_label(head_dim, head_dim_v)} failed: {str(error)[-160:]}")
+        cells = []
+        for what, med in forward_and_step(fns, sets, dout, flops, args):
+            ratios = "  ".join(f"{name}/causal {med[f'fa4.flex {name}'] / med['fa4 causal']:.3f}" + (
+                f"  {name} fa4/Flex {med[f'fa4.flex {name}'] / med[f'Flex {name}']:.3f}" if f"Flex {name}" in med
+                else "") for name in mods)
+            cells.append(f"{what}: " + "  ".join(f"{n} {t:6.1f}" for n, t in med.items()) + "\n    " + ratios)
+        print(f"hd={head_dim_label(head_dim, head_dim_v):>3s}:\n  " + "\n  ".join(cells), flush=True)
+
+
 def bench_gqa_decode(args, dtype):
     """Short queries against a long KV cache with GQA (32 query heads on 8 K/V heads, hd128):
     pack-GQA stacks the 4 query heads of a K/V head in one tile. Memory-bound, so reported as
@@ -569,6 +617,8 @@ def main(argv=None):
                          "flex_attention compiled)")
     ap.add_argument("--flex-sparse", action="store_true",
                     help="also time a random block-sparse mask_mod through FlexAttention's API (fa4's bitmask path)")
+    ap.add_argument("--flex-score", action="store_true",
+                    help="also time fa4's in-kernel score_mods (alibi, a learned relative bias) with a causal mask")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
@@ -647,6 +697,8 @@ def main(argv=None):
         bench_flex_masks(args, dtype)
     if args.flex_sparse:
         bench_flex_sparse(args, dtype)
+    if args.flex_score:
+        bench_flex_score(args, dtype)
     if args.gqa_decode:
         bench_gqa_decode(args, dtype)
     if args.gemm:

@@ -54,36 +54,40 @@ class SparseTables(NamedTuple):
 
 
 def kernel_tile(dtype: torch.dtype, head_dim: int, head_dim_v: int, device: torch.device, softcap: bool = False,
-                kernel: str = "fwd") -> tuple[int, int]:
-    """(tile_m, tile_n) of the block-sparse ``kernel`` ("fwd" or "bwd") that serves this call:
-    the build's manifest (fa4_kernels.heuristics decided it: hd64's backward with softcap takes
-    64-query blocks, without 128), CPU_TILE on the CPU."""
+                kernel: str = "fwd", score_mod: str = "none") -> tuple[int, int]:
+    """(tile_m, tile_n) of the block-sparse ``kernel`` ("fwd" or "bwd") that serves this call
+    (``score_mod``: "none", "alibi" or "relbias", the kernels' bias): the build's manifest
+    (fa4_kernels.heuristics decided it: hd64's backward with softcap takes 64-query blocks,
+    without 128), CPU_TILE on the CPU."""
     if device.type != "cuda":
         return CPU_TILE
     from fa4 import heuristics
 
-    tile = _built_tile(heuristics.DTYPE_NAMES.get(str(dtype)), head_dim, head_dim_v, bool(softcap), kernel)
+    tile = _built_tile(heuristics.DTYPE_NAMES.get(str(dtype)), head_dim, head_dim_v, bool(softcap), kernel,
+                       score_mod)
     if tile is not None:
         return tile
     what = "kernel" if kernel == "fwd" else "backward kernel"
+    bias = "" if score_mod == "none" else f", score_mod={score_mod}"
     raise NotImplementedError(f"this build of fa4 has no block-sparse {what} for dtype={dtype}, head_dim={head_dim}, "
-                              f"head_dim_v={head_dim_v}; use torch.nn.attention.flex_attention")
+                              f"head_dim_v={head_dim_v}{bias}; use torch.nn.attention.flex_attention")
 
 
 @torch._dynamo.assume_constant_result  # read at graph-capture time (a file read dynamo cannot trace)
-def _built_tile(dtype: str | None, head_dim: int, head_dim_v: int, softcap: bool, kernel: str):
+def _built_tile(dtype: str | None, head_dim: int, head_dim_v: int, softcap: bool, kernel: str, score_mod: str):
     """(tile_m, tile_n) of the build manifest's block-sparse ``kernel`` variant, or None."""
-    return _built_tiles().get((kernel, dtype, head_dim, head_dim_v, softcap))
+    return _built_tiles().get((kernel, dtype, head_dim, head_dim_v, softcap, score_mod))
 
 
 @functools.cache
 def _built_tiles() -> dict:
-    """{(kernel, dtype, head_dim, head_dim_v, softcap): (tile_m, tile_n)} of the manifest's
-    block-sparse variants, read once (a scan of the manifest per call was tens of microseconds)."""
+    """{(kernel, dtype, head_dim, head_dim_v, softcap, score_mod): (tile_m, tile_n)} of the
+    manifest's block-sparse variants, read once (a scan of the manifest per call was tens of
+    microseconds)."""
     from fa4 import _native
 
-    return {(v.get("kernel", "fwd"), v["dtype"], v["head_dim"], v["head_dim_v"], bool(v["softcap"])):
-            (v["tile_m"], v["tile_n"])
+    return {(v.get("kernel", "fwd"), v["dtype"], v["head_dim"], v["head_dim_v"], bool(v["softcap"]),
+             v.get("score_mod", "none")): (v["tile_m"], v["tile_n"])
             for v in _native.manifest()["variants"] if v["mask"] == "sparse" and not v.get("varlen")}
 
 
@@ -137,9 +141,11 @@ def _tile_kinds(kinds, block_size, seq_lengths, tile):
     cols = torch.arange(n_tiles * tn // gk, device=dev) * gk
     cells = kinds[:, :, (rows // bq).clamp(max=kinds.shape[2] - 1)][..., (cols // bk).clamp(max=kinds.shape[3] - 1)]
     row_real, col_real = (rows < sq)[:, None], (cols < sk)[None, :]
-    # Cells past seqlen_q do not count; cells past seqlen_k make a tile partial (its bits clear there).
+    # Cells past seqlen_q do not count; cells reaching past seqlen_k make a tile partial (its bits
+    # clear there): a BlockMask's own full block may cross it (BlockMask.from_kv_blocks).
+    col_whole = (cols + gk <= sk)[None, :]
     visible = (cells > _EMPTY) & row_real & col_real
-    full = ((cells == _FULL) & col_real) | ~row_real
+    full = ((cells == _FULL) & col_whole) | ~row_real
     shape = (*kinds.shape[:2], m_tiles, tm // gq, n_tiles, tn // gk)
     visible = visible.reshape(shape).any(5).any(3)
     full = full.reshape(shape).all(5).all(3)
@@ -189,6 +195,16 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
     return out
 
 
+def _mask_reads(mask_mod, device) -> tuple[bool, bool]:
+    """Does ``mask_mod`` read its batch / head index? fa4.masks' say so themselves (and their
+    combinations with other functions are assumed to read both); any other is traced."""
+    from fa4 import masks
+
+    if isinstance(mask_mod, masks.MaskMod):
+        return mask_mod.reads_batch_and_head()
+    return _reads_batch_and_head(mask_mod, device)
+
+
 @torch._dynamo.assume_constant_result  # traced at graph-capture time, a constant in the graph
 def _reads_batch_and_head(mask_mod, device) -> tuple[bool, bool]:
     """Does ``mask_mod`` read its batch / head index? From a trace of it under vmap (make_fx;
@@ -230,7 +246,7 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], tran
                          "(a BlockMask broadcasts only along size-1 dimensions)")
     kinds = _block_kinds(block_mask)
     # Along a broadcast dimension the mask_mod reads, its partial blocks differ per index.
-    reads_b, reads_h = _reads_batch_and_head(block_mask.mask_mod, str(kinds.device))
+    reads_b, reads_h = _mask_reads(block_mask.mask_mod, str(kinds.device))
     kinds = kinds.expand(batch if reads_b else -1, heads if reads_h else -1, -1, -1)
     tiles = _tile_kinds(kinds, block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile)
     if transposed:  # per K/V tile, its query tiles (rows contiguous: the kernel reads them so)

@@ -29,8 +29,9 @@ def check_unsupported(*, dropout_p=0.0, alibi_slopes=None, block_table=None, qv=
         raise _refuse(f"attention dropout (dropout_p={dropout_p})", "use flash_attn, or "
                       "torch.nn.functional.scaled_dot_product_attention with dropout_p, for training with dropout")
     if alibi_slopes is not None:
-        raise _refuse("ALiBi (alibi_slopes)", "use flash_attn, or scaled_dot_product_attention with an additive "
-                      "attn_mask holding the ALiBi bias")
+        raise _refuse("ALiBi (alibi_slopes)", "use fa4.flex_attention with score_mod=fa4.score_mods.alibi(slopes) "
+                      "(fa4's kernels; with causal, a causal BlockMask: FlashAttention's causal ALiBi differs from it "
+                      "by a constant per row, which softmax ignores), or flash_attn")
     if block_table is not None:
         raise _refuse("a paged KV cache (block_table)", "use flash_attn's paged attention or vLLM's")
     if qv is not None or q_descale is not None or k_descale is not None or v_descale is not None:

@@ -13,9 +13,12 @@ with separate key ids, the same documents in the same order, without one);
 torch.compile. Any other BlockMask (documents that are not contiguous runs, per-row prefix
 lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse kernels
 (fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks), forward and
-backward, eager and under torch.compile. Every other case (any other score_mod, ``max_scores``,
-those masks in CUDA training under torch.use_deterministic_algorithms) runs torch's flex_attention with the same arguments after a one-time warning naming the reason:
-the results are right either way, only the speed differs.
+backward, eager and under torch.compile. ``fa4.score_mods.alibi(slopes)`` and
+``relative_bias(table)`` run those block-sparse kernels with the bias computed inside them (with
+any BlockMask, or none: a full one), the slopes' or table's gradient included. Every other case
+(any other score_mod, ``max_scores``, the block-sparse path in CUDA training under
+torch.use_deterministic_algorithms) runs torch's flex_attention with the same arguments after a
+one-time warning naming the reason: the results are right either way, only the speed differs.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         raise ValueError(f"block_mask was made for (seqlen_q, seqlen_k) = {tuple(block_mask.seq_lengths)}; the "
                          f"inputs have ({sq}, {sk})")
     plan = _fa4_plan(score_mod, block_mask, return_aux, query.shape[0], sq, sk)
-    if isinstance(plan, str) and block_mask is not None:
+    if isinstance(plan, str) and (block_mask is not None or isinstance(score_mod, _KERNEL_BIASES)):
         plan = _sparse_plan(plan, score_mod, return_aux, query, key, value)
     if isinstance(plan, str):
         _warn_once(plan)
@@ -59,7 +62,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                           return_aux=return_aux)
     want_lse = return_lse or (return_aux is not None and return_aux.lse)
     if plan.sparse:
-        out, lse = _block_sparse(query, key, value, block_mask, plan.softcap, scale)
+        out, lse = _block_sparse(query, key, value, block_mask, plan.softcap, scale, plan.score_mod)
     elif plan.packing is not None:
         out, lse = _packed(query, key, value, plan, scale, want_lse)
     elif plan.prefix is not None:
@@ -84,6 +87,12 @@ class _Plan(NamedTuple):
     kv_packing: masks.Packing | None = None  # the keys' (packing's when queries and keys share ids)
     prefix: int | None = None  # prefix-LM: keys before it unmasked, the rest under ``window``
     sparse: bool = False  # the BlockMask's blocks and bits: fa4::fwd_sparse (window unused)
+    score_mod: object = None  # sparse: a score_mod the kernels compute (_KERNEL_BIASES)
+
+
+# score_mods fa4's block-sparse kernels compute (fa4.score_mods.kernel_params); with no BlockMask
+# they run over a full one (_full_block_mask).
+_KERNEL_BIASES = (score_mods.Alibi, score_mods.RelativeBias)
 
 
 def _dense(query, key, value, window, softcap, scale, want_lse):
@@ -130,16 +139,23 @@ def _packed(query, key, value, plan: _Plan, scale, want_lse):
     return out, None if lse is None else lse.reshape(hq, b, sq).transpose(0, 1)
 
 
-def _block_sparse(query, key, value, block_mask, softcap, scale):
+def _block_sparse(query, key, value, block_mask, softcap, scale, score_mod=None):
     """fa4::fwd_sparse on (B, S, H, D) views, with the BlockMask's tables at the kernel's tiles
-    (and, where a gradient is wanted, the backward's transposed tables at its tiles)."""
-    dims = (query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap))
+    (and, where a gradient is wanted, the backward's transposed tables at its tiles), and a
+    score_mod the kernels compute (_KERNEL_BIASES; no BlockMask: a full one)."""
     batch, heads = query.shape[:2]
-    tile = block_sparse.kernel_tile(*dims)
+    score = (score_mods.NONE, None)
+    if score_mod is not None:
+        score = score_mods.kernel_params(score_mod, heads, query.device)
+    if block_mask is None:
+        block_mask = _full_block_mask(query.shape[2], key.shape[2], query.device)
+    kind = _SCORE_KINDS[score[0]]
+    dims = (query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap))
+    tile = block_sparse.kernel_tile(*dims, score_mod=kind)
     tables = block_sparse.tables(block_mask, batch, heads, tile)
     backward = (None, None, None, 0, 0)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        bwd_tile = block_sparse.kernel_tile(*dims, kernel="bwd")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, score[1])):
+        bwd_tile = block_sparse.kernel_tile(*dims, kernel="bwd", score_mod=kind)
         bwd = block_sparse.tables(block_mask, batch, heads, bwd_tile, transposed=True)
         backward = (bwd.counts, bwd.blocks, bwd.bits, *bwd_tile)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
@@ -149,27 +165,58 @@ def _block_sparse(query, key, value, block_mask, softcap, scale):
     # eager training (torch.library's generated autograd costs ~300 us of host time per step).
     out, lse = ops.call(torch.ops.fa4.fwd_sparse.default, ops._fwd_sparse_setup_context, ops._fwd_sparse_backward,
                         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), tables.counts,
-                        tables.blocks, tables.bits, tile[0], tile[1], scale, softcap or 0.0, *backward)
+                        tables.blocks, tables.bits, tile[0], tile[1], scale, softcap or 0.0, *backward, *score,
+                        extra=score[1])
     return out.transpose(1, 2), lse
+
+
+_SCORE_KINDS = {score_mods.NONE: "none", score_mods.ALIBI: "alibi", score_mods.RELATIVE_BIAS: "relbias"}
+_FULL_MASKS: dict[tuple, object] = {}
+
+
+def _full_block_mask(seqlen_q: int, seqlen_k: int, device):
+    """A BlockMask of full blocks over (seqlen_q, seqlen_k) (no mask_mod), kept per shape and
+    device in eager calls (so the tables built from it are too)."""
+    key = (seqlen_q, seqlen_k, str(device))
+    if not torch.compiler.is_compiling() and key in _FULL_MASKS:
+        return _FULL_MASKS[key]
+    from torch.nn.attention.flex_attention import BlockMask
+
+    block = 128
+    q_blocks, k_blocks = -(-seqlen_q // block), -(-seqlen_k // block)
+    int32 = dict(dtype=torch.int32, device=device)
+    mask = BlockMask.from_kv_blocks(
+        torch.zeros((1, 1, q_blocks), **int32), torch.zeros((1, 1, q_blocks, k_blocks), **int32),
+        torch.full((1, 1, q_blocks), k_blocks, **int32),
+        torch.arange(k_blocks, **int32).expand(1, 1, q_blocks, k_blocks).contiguous(),
+        BLOCK_SIZE=block, seq_lengths=(seqlen_q, seqlen_k))
+    if not torch.compiler.is_compiling():
+        if len(_FULL_MASKS) >= 16:
+            _FULL_MASKS.clear()
+        _FULL_MASKS[key] = mask
+    return mask
 
 
 def _sparse_plan(reason, score_mod, return_aux, query, key, value):
     """The block-sparse plan for a BlockMask fa4 has no dense or packed kernel for, or why not."""
     if (return_aux is not None and return_aux.max_scores) or not (
-            score_mod is None or isinstance(score_mod, score_mods.Softcap)):
+            score_mod is None or isinstance(score_mod, (score_mods.Softcap, *_KERNEL_BIASES))):
         return reason  # the score_mod / max_scores reason stands
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    score = score_mods.kernel_params(score_mod, query.shape[1], query.device) if score_mod is not None else None
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, score[1] if score else None))
     if training and query.is_cuda and torch.are_deterministic_algorithms_enabled():
         return (f"{reason} (fa4's block-sparse backward adds dQ in any order, and "
                 "torch.use_deterministic_algorithms is on)")
-    softcap = score_mod.cap if score_mod is not None else None
+    softcap = score_mod.cap if isinstance(score_mod, score_mods.Softcap) else None
+    kind = _SCORE_KINDS[score[0]] if score else "none"
     try:
         for kernel in ("fwd", "bwd") if training else ("fwd",):
             block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap),
-                                     kernel)
+                                     kernel, score_mod=kind)
     except NotImplementedError as missing:
         return f"{reason} ({missing})"
-    return _Plan((-1, -1), softcap, sparse=True)
+    return _Plan((-1, -1), softcap, sparse=True, score_mod=score_mod if score else None)
 
 
 def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
@@ -180,6 +227,8 @@ def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
     softcap = None
     if isinstance(score_mod, score_mods.Softcap):
         softcap = score_mod.cap
+    elif isinstance(score_mod, _KERNEL_BIASES):
+        return f"{type(score_mod).__name__} has fa4 kernels on the block-sparse path only"
     elif score_mod is not None:
         kind = type(score_mod).__name__ if isinstance(score_mod, score_mods.ScoreMod) else "a custom score_mod"
         return f"{kind} has no fa4 kernel yet"

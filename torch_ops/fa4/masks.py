@@ -26,6 +26,12 @@ UNBOUNDED = -1  # a window side without limit (fa4.attention's convention)
 
 
 class MaskMod:
+    # Which of its batch / head indices the mask reads (fa4.block_sparse builds per-index tables
+    # there): none, unless a subclass says otherwise. Read from the structure, not traced: under
+    # torch.compile on torch 2.11 a frozen dataclass cannot be handed to the traced check.
+    def reads_batch_and_head(self) -> tuple[bool, bool]:
+        return False, False
+
     """A FlexAttention mask_mod fa4 can inspect: subclasses hold the mask's parameters."""
 
     def __call__(self, b, h, q_idx, kv_idx):  # pragma: no cover - every subclass defines it
@@ -107,6 +113,9 @@ class Document(MaskMod):
     packing: Packing | None = None  # the queries' runs
     kv_packing: Packing | None = None  # the keys' runs (the same object when the ids are)
 
+    def reads_batch_and_head(self) -> tuple[bool, bool]:
+        return self.q_doc_ids.dim() > 1 or self.kv_doc_ids.dim() > 1, False
+
     def __call__(self, b, h, q_idx, kv_idx):
         q_doc = self.q_doc_ids[q_idx] if self.q_doc_ids.dim() == 1 else self.q_doc_ids[b, q_idx]
         kv_doc = self.kv_doc_ids[kv_idx] if self.kv_doc_ids.dim() == 1 else self.kv_doc_ids[b, kv_idx]
@@ -121,6 +130,9 @@ class PrefixLM(MaskMod):
 
     prefix_len: int | torch.Tensor
 
+    def reads_batch_and_head(self) -> tuple[bool, bool]:
+        return isinstance(self.prefix_len, torch.Tensor), False
+
     def __call__(self, b, h, q_idx, kv_idx):
         prefix = self.prefix_len[b] if isinstance(self.prefix_len, torch.Tensor) else self.prefix_len
         return (kv_idx < prefix) | (q_idx >= kv_idx)
@@ -132,6 +144,10 @@ class And(MaskMod):
 
     parts: tuple
 
+    def reads_batch_and_head(self) -> tuple[bool, bool]:
+        reads = [_reads(part) for part in self.parts]
+        return any(r[0] for r in reads), any(r[1] for r in reads)
+
     def __call__(self, b, h, q_idx, kv_idx):
         return functools.reduce(operator.and_, (part(b, h, q_idx, kv_idx) for part in self.parts))
 
@@ -142,8 +158,17 @@ class Or(MaskMod):
 
     parts: tuple
 
+    def reads_batch_and_head(self) -> tuple[bool, bool]:
+        reads = [_reads(part) for part in self.parts]
+        return any(r[0] for r in reads), any(r[1] for r in reads)
+
     def __call__(self, b, h, q_idx, kv_idx):
         return functools.reduce(operator.or_, (part(b, h, q_idx, kv_idx) for part in self.parts))
+
+
+def _reads(mask_mod) -> tuple[bool, bool]:
+    """reads_batch_and_head of a part: fa4's masks say; any other function is assumed to read both."""
+    return mask_mod.reads_batch_and_head() if isinstance(mask_mod, MaskMod) else (True, True)
 
 
 def causal() -> Causal:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import _native, block_sparse, heuristics, log, reference
+from fa4 import _native, block_sparse, heuristics, log, reference, score_mods
 from fa4.validation import check_pack_gqa, check_qkv, check_scalars, native_error
 
 _native.define_operators()  # the schemas and native CUDA kernels of every fa4 operator
@@ -75,10 +75,19 @@ def _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softma
         raise ValueError(f"kv_bits must hold whole slots of {slot_words} words; got {kv_bits.numel()}")
 
 
+def _check_score_mod(q, softcap, score_mod, score_params):
+    score_mods.check_kernel_params(score_mod, score_params, q.shape[2], q.device)
+    if score_mod != score_mods.NONE and softcap != 0.0:
+        raise ValueError("a score_mod with softcap: fa4 has no such kernel; use torch.nn.attention.flex_attention "
+                         "with both in one score_mod")
+
+
 @torch.library.register_fake("fa4::fwd_sparse")
 def _fwd_sparse_fake(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0,
-                     q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0):
+                     q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0, score_mod=0,
+                     score_params=None):
     _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
+    _check_score_mod(q, softcap, score_mod, score_params)
     return _empty_outputs(q, v)
 
 
@@ -87,11 +96,16 @@ _NO_MASK = heuristics.MaskSpec("none", heuristics.UNBOUNDED, heuristics.UNBOUNDE
 
 @torch.library.impl("fa4::fwd_sparse", "CPU")
 def _fwd_sparse_cpu(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap=0.0,
-                    q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0):
+                    q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0, score_mod=0,
+                    score_params=None):
     _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
+    _check_score_mod(q, softcap, score_mod, score_params)
     tables = block_sparse.SparseTables(kv_counts, kv_blocks, kv_bits, (tile_m, tile_n))
     visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
-    return reference.attention_forward(q, k, v, softmax_scale, softcap, _NO_MASK, visible)
+    bias = None
+    if score_mod != score_mods.NONE:
+        bias = score_mods.reference_bias(score_mod, score_params, k.shape[2], k.shape[1])[0]
+    return reference.attention_forward(q, k, v, softmax_scale, softcap, _NO_MASK, visible, bias)
 
 
 def _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n):
@@ -109,28 +123,52 @@ def _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n):
                          f"{tuple(q_blocks.shape)}. Build them with fa4.block_sparse.tables(..., transposed=True).")
 
 
+def _empty_score_grad(q, score_mod, score_params, score_grad):
+    """fa4::bwd_sparse's dscore: (heads_q, width) with score_grad, else (0, width); fp32, float64
+    for float64 parameters (CPU)."""
+    width = score_params.shape[1] if score_mod != score_mods.NONE else 0
+    rows = q.shape[2] if score_grad and score_mod != score_mods.NONE else 0
+    dtype = torch.float64 if score_params is not None and score_params.dtype == torch.float64 else torch.float32
+    return torch.empty((rows, width), dtype=dtype, device=q.device)
+
+
 @torch.library.register_fake("fa4::bwd_sparse")
 def _bwd_sparse_fake(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
-                     softcap=0.0):
+                     softcap=0.0, score_mod=0, score_params=None, score_grad=False):
     _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
-    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
+    _check_score_mod(q, softcap, score_mod, score_params)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v), _empty_score_grad(q, score_mod, score_params,
+                                                                                           score_grad)
 
 
 @torch.library.impl("fa4::bwd_sparse", "CPU")
 def _bwd_sparse_cpu(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
-                    softcap=0.0):
+                    softcap=0.0, score_mod=0, score_params=None, score_grad=False):
     _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
+    _check_score_mod(q, softcap, score_mod, score_params)
     tables = block_sparse.SparseTables(q_counts, q_blocks, q_bits, (tile_m, tile_n), transposed=True)
     visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
-    return reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, _NO_MASK, visible)
+    bias = bias_grad = None
+    dscore = _empty_score_grad(q, score_mod, score_params, score_grad)
+    if score_mod != score_mods.NONE:
+        bias, grad, bias_grad = score_mods.reference_bias(score_mod, score_params, k.shape[2], k.shape[1])
+        if score_grad:
+            dscore = grad
+    dq, dk, dv = reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, _NO_MASK,
+                                              visible, bias, bias_grad if score_grad else None)
+    return dq, dk, dv, dscore
 
 
 def _fwd_sparse_setup_context(ctx, inputs, output):
-    q, k, v, _, _, _, _, _, softmax_scale, softcap, q_counts, q_blocks, q_bits, bwd_tile_m, bwd_tile_n = inputs
+    (q, k, v, _, _, _, _, _, softmax_scale, softcap, q_counts, q_blocks, q_bits, bwd_tile_m, bwd_tile_n,
+     *score) = inputs
+    score_mod, score_params = (score + [0, None])[:2]
     out, lse = output
     ctx.has_tables = q_counts is not None and q_blocks is not None and q_bits is not None
-    ctx.save_for_backward(q, k, v, out, lse, *((q_counts, q_blocks, q_bits) if ctx.has_tables else ()))
-    ctx.options = (bwd_tile_m, bwd_tile_n, softmax_scale, softcap)
+    ctx.score_grad = score_params is not None and score_params.requires_grad
+    ctx.save_for_backward(q, k, v, out, lse, *((q_counts, q_blocks, q_bits) if ctx.has_tables else ()),
+                          *((score_params,) if score_mod != score_mods.NONE else ()))
+    ctx.options = (bwd_tile_m, bwd_tile_n, softmax_scale, softcap, score_mod)
     ctx.set_materialize_grads(False)
 
 
@@ -138,11 +176,13 @@ def _fwd_sparse_backward(ctx, dout, dlse):
     if not ctx.has_tables:
         raise RuntimeError("fa4::fwd_sparse was called without the backward's tables (q_counts, q_blocks, q_bits: "
                            "fa4.block_sparse.tables(..., transposed=True)); fa4.flex_attention passes them")
-    q, k, v, out, lse, q_counts, q_blocks, q_bits = ctx.saved_tensors
+    q, k, v, out, lse, q_counts, q_blocks, q_bits, *score_params = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = run_backward(_BWD_SPARSE, dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, *ctx.options)
-    return (dq, dk, dv) + (None,) * 12
+    score_params = score_params[0] if score_params else None
+    dq, dk, dv, dscore = run_backward(_BWD_SPARSE, dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits,
+                                      *ctx.options, score_params, ctx.score_grad)
+    return (dq, dk, dv) + (None,) * 13 + (dscore.to(score_params.dtype) if ctx.score_grad else None,)
 
 
 torch.library.register_autograd("fa4::fwd_sparse", _fwd_sparse_backward, setup_context=_fwd_sparse_setup_context)
@@ -229,15 +269,17 @@ def run_backward(op, *args):
         raise native_error(error) from None
 
 
-def call(op, setup_context, backward, *inputs):
+def call(op, setup_context, backward, *inputs, extra=None):
     """Run ``op`` (an OpOverload of a forward op whose first three inputs are q, k, v) as cheaply
-    as the context allows: below autograd when no input needs a gradient, through
-    _EagerAutograd in eager training, through the registered autograd under torch.compile or a
-    torch.func transform. Every check here is on the per-call path (host time is measured)."""
+    as the context allows: below autograd when no input needs a gradient (q, k, v, or the
+    ``extra`` tensor input), through _EagerAutograd in eager training, through the registered
+    autograd under torch.compile or a torch.func transform. Every check here is on the per-call
+    path (host time is measured)."""
     if torch.compiler.is_compiling() or _functorch_active():
         return op(*inputs)
     q, k, v = inputs[0], inputs[1], inputs[2]
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+    if (q.requires_grad or k.requires_grad or v.requires_grad or (extra is not None and extra.requires_grad)) \
+            and torch.is_grad_enabled():
         return _EagerAutograd.apply(op, setup_context, backward, *inputs)
     with _below_autograd():
         return op(*inputs)

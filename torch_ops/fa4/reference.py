@@ -37,14 +37,18 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float64 else t.float()
 
 
-def _scores(q_chunk, k, scale: float, softcap: float, mask: MaskSpec, rows, seqlen_q: int, visible_rows=None):
-    """Scores (b, hkv, group, rows, sk) after softcap and masking (``visible_rows``: a further
-    mask, broadcastable to them), and tanh for the backward."""
+def _scores(q_chunk, k, scale: float, softcap: float, mask: MaskSpec, rows, seqlen_q: int, visible_rows=None,
+            bias=None):
+    """Scores (b, hkv, group, rows, sk) after softcap, an additive ``bias(rows)`` (broadcastable
+    to them) and masking (``visible_rows``: a further mask, broadcastable to them), and tanh for
+    the backward."""
     s = torch.einsum("bihgd,bjhd->bhgij", _acc(q_chunk), _acc(k)) * scale
     tanh = None
     if softcap > 0.0:
         tanh = torch.tanh(s / softcap)
         s = tanh * softcap
+    if bias is not None:
+        s = s + bias(rows).to(s.dtype)
     visible = _visible(mask, rows, seqlen_q, k.shape[1])
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))
@@ -58,9 +62,11 @@ def _grouped(q, heads_kv: int):
     return q.view(b, sq, heads_kv, hq // heads_kv, d)
 
 
-def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec, visible=None):
+def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec, visible=None, bias=None):
     """(out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32). Rows that see no key give 0 / -inf.
-    ``visible``: an extra (b or 1, hq or 1, sq, sk) bool mask (block-sparse calls)."""
+    ``visible``: an extra (b or 1, hq or 1, sq, sk) bool mask (block-sparse calls); ``bias``: an
+    additive bias on the scaled scores, ``bias(rows)`` broadcastable to (b, hkv, group, rows, sk)
+    (score_mods)."""
     b, sq, hq, _ = q.shape
     hk, dv = k.shape[2], v.shape[3]
     out = q.new_empty(b, sq, hq, dv)
@@ -78,7 +84,7 @@ def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec, vis
         if visible is not None:
             g = visible.expand(b, hq, sq, k.shape[1])[:, :, start:start + len(rows)]
             visible_rows = g.reshape(b, hk, hq // hk, len(rows), k.shape[1])
-        s, _ = _scores(qg[:, start:start + len(rows)], k, scale, softcap, mask, rows, sq, visible_rows)
+        s, _ = _scores(qg[:, start:start + len(rows)], k, scale, softcap, mask, rows, sq, visible_rows, bias)
         m = s.amax(-1, keepdim=True)
         m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         p = torch.exp(s - m)
@@ -90,11 +96,14 @@ def attention_forward(q, k, v, scale: float, softcap: float, mask: MaskSpec, vis
     return out, lse
 
 
-def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: float, mask: MaskSpec, visible=None):
+def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: float, mask: MaskSpec, visible=None,
+                       bias=None, bias_grad=None):
     """(dq, dk, dv) by chunked recomputation from the saved LSE (fp32 accumulation).
 
     ``dlse`` (optional) is the gradient flowing into the returned LSE: d lse / d s = p.
-    ``visible``: an extra (b or 1, hq or 1, sq, sk) bool mask (block-sparse calls).
+    ``visible``: an extra (b or 1, hq or 1, sq, sk) bool mask (block-sparse calls). ``bias``: the
+    forward's (attention_forward); ``bias_grad(rows, ds)`` receives the gradient of each chunk's
+    scaled scores (b, hkv, group, rows, sk), the bias's gradient there.
     """
     b, sq, hq, d = q.shape
     hk, sk, dv_dim = k.shape[2], k.shape[1], v.shape[3]
@@ -115,7 +124,7 @@ def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: flo
             visible_rows = None
             if visible is not None:
                 visible_rows = visible.expand(b, hq, sq, sk)[:, :, start:start + n].reshape(b, hk, g, n, sk)
-            s, tanh = _scores(qg[:, start:start + n], k, scale, softcap, mask, rows, sq, visible_rows)
+            s, tanh = _scores(qg[:, start:start + n], k, scale, softcap, mask, rows, sq, visible_rows, bias)
             row_lse = lse_g[..., start:start + n, None]
             # exp(s - lse), with rows that saw no key (lse = -inf) contributing nothing.
             p = torch.exp(s - torch.where(torch.isinf(row_lse), torch.zeros_like(row_lse), row_lse))
@@ -129,6 +138,8 @@ def attention_backward(dout, q, k, v, out, lse, dlse, scale: float, softcap: flo
             ds = p * (dp - delta)
             if tanh is not None:
                 ds = ds * (1.0 - tanh * tanh)
+            if bias_grad is not None:
+                bias_grad(rows, ds)
             ds = ds * scale
             dq[:, start:start + n] = torch.einsum("bhgij,bjhd->bihgd", ds, kf).reshape(b, n, hq, d)
             dk += torch.einsum("bhgij,bihgd->bjhd", ds, _acc(qg[:, start:start + n]))

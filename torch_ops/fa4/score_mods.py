@@ -1,8 +1,10 @@
 """score_mod constructors for ``fa4.flex_attention`` that are also ordinary FlexAttention
 score_mods: ``score_mod(score, b, h, q_idx, kv_idx) -> score``, applied to the scaled score
 (q . k * scale) as torch's flex_attention applies them. ``softcap(c)`` runs fa4's compiled softcap
-kernels (forward and backward); the others run torch's flex_attention for now, with a one-time
-warning (``fa4.flex``).
+kernels; ``alibi(slopes)`` and ``relative_bias(table)`` run fa4's block-sparse kernels with the
+bias computed inside them, forward and backward, with the slopes' or the table's gradient when
+they require one; ``bias(tensor)`` runs torch's flex_attention for now, with a one-time warning
+(``fa4.flex``).
 """
 from __future__ import annotations
 
@@ -46,14 +48,14 @@ class Alibi(ScoreMod):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class RelativeBias(ScoreMod):
-    """score + table[h, (q_idx - kv_idx) + center]: a learned bias per head and relative position,
-    table (heads, 2 * max_distance + 1) with center = max_distance."""
+    """score + table[h, clamp(q_idx - kv_idx, -c, c) + c]: a learned bias per head and relative
+    position, table (heads, 2c + 1); distances beyond c share the end entries (T5-style)."""
 
     table: torch.Tensor
 
     def __call__(self, score, b, h, q_idx, kv_idx):
         center = self.table.shape[1] // 2
-        return score + self.table[h, q_idx - kv_idx + center]
+        return score + self.table[h, torch.clamp(q_idx - kv_idx, -center, center) + center]
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -81,6 +83,8 @@ def alibi(slopes: torch.Tensor) -> Alibi:
 
 
 def relative_bias(table: torch.Tensor) -> RelativeBias:
+    """table (heads, 2c + 1): entry c + d biases query i against key i - d, |d| <= c; longer
+    distances take the end entries."""
     if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] % 2 != 1:
         raise ValueError("relative_bias table must be (heads, 2 * max_distance + 1)")
     return RelativeBias(table)
@@ -94,3 +98,86 @@ def bias(tensor: torch.Tensor) -> Bias:
     while tensor.dim() < 4:
         tensor = tensor.unsqueeze(0)
     return Bias(tensor)
+
+
+# ------------------------------------------------------------------- in-kernel score_mods
+# Codes of fa4::fwd_sparse's score_mod argument (fa4_score_mod in csrc_shims/fa4_shim.h).
+NONE, ALIBI, RELATIVE_BIAS = 0, 1, 2
+_CODE_NAMES = {ALIBI: "alibi", RELATIVE_BIAS: "relative_bias"}
+
+
+def kernel_params(score_mod, heads: int, device: torch.device):
+    """(code, params) for fa4's block-sparse kernels: ALiBi's slopes as (heads, 1), a relative-bias
+    table as (heads, 2c + 1), fp32 (float64 kept on the CPU; the casts are differentiable:
+    gradients reach the user's tensor) on ``device``; None for score_mods with no kernel."""
+    if isinstance(score_mod, Alibi):
+        params, what = score_mod.slopes, "alibi slopes must have one entry per query head"
+        if params.shape != (heads,):
+            raise ValueError(f"{what}, ({heads},); got {tuple(params.shape)}")
+        code, params = ALIBI, params.reshape(heads, 1)
+    elif isinstance(score_mod, RelativeBias):
+        params = score_mod.table
+        if params.shape[0] != heads:
+            raise ValueError(f"relative_bias table must have one row per query head ({heads}); got "
+                             f"{tuple(params.shape)}")
+        code = RELATIVE_BIAS
+    else:
+        return None
+    dtype = torch.float64 if params.dtype == torch.float64 and device.type == "cpu" else torch.float32
+    return code, params.to(device=device, dtype=dtype)
+
+
+def check_kernel_params(code: int, params, heads: int, device) -> None:
+    """fa4::fwd_sparse's score_mod arguments (the native op makes the same checks)."""
+    if code not in (NONE, ALIBI, RELATIVE_BIAS):
+        raise ValueError(f"score_mod must be 0 (none), 1 (alibi) or 2 (relative_bias); got {code}")
+    if code == NONE:
+        return
+    name = _CODE_NAMES[code]
+    if params is None:
+        raise ValueError(f"score_params is required with score_mod={name}")
+    if not (params.dtype == torch.float32 or (params.dtype == torch.float64 and device.type == "cpu")) or \
+            params.dim() != 2:
+        raise TypeError(f"score_params must be a 2-D torch.float32 tensor (float64 on the CPU); got "
+                        f"{params.dim()}-D {params.dtype}")
+    if params.device != device:
+        raise ValueError("score_params must be on q's device")
+    if params.shape[0] != heads or (code == ALIBI and params.shape[1] != 1) or \
+            (code == RELATIVE_BIAS and params.shape[1] % 2 != 1):
+        want = f"({heads}, 1)" if code == ALIBI else f"({heads}, 2 * max_distance + 1)"
+        raise ValueError(f"score_params for {name} must be {want}; got {tuple(params.shape)}")
+
+
+def reference_bias(code: int, params, heads_kv: int, seqlen_k: int):
+    """(bias, grad, bias_grad) for fa4.reference: ``bias(rows)`` (1, hkv, group, rows, seqlen_k) on
+    the scaled scores, and ``bias_grad(rows, ds)``, which adds the gradient of ds into ``grad``
+    (params' shape, fp32 or fp64)."""
+    acc = torch.float64 if params.dtype == torch.float64 else torch.float32
+    heads, width = params.shape
+    group = heads // heads_kv
+    grad = torch.zeros((heads, width), dtype=acc, device=params.device)
+    cols = torch.arange(seqlen_k, device=params.device)
+    p = params.to(acc)
+
+    def key_minus_query(rows):
+        return (cols[None, :] - rows[:, None]).to(acc)
+
+    def index(rows):  # relative bias: the table entry of each (row, key)
+        center = width // 2
+        return (rows[:, None] - cols[None, :]).clamp(-center, center) + center
+
+    def bias(rows):
+        if code == ALIBI:
+            b = p[:, 0, None, None] * key_minus_query(rows)
+        else:
+            b = p[:, index(rows)]
+        return b.reshape(1, heads_kv, group, len(rows), seqlen_k)
+
+    def bias_grad(rows, ds):
+        ds = ds.to(acc).sum(0).reshape(heads, len(rows), seqlen_k)
+        if code == ALIBI:
+            grad[:, 0] += (ds * key_minus_query(rows)).sum((1, 2))
+        else:
+            grad.index_add_(1, index(rows).reshape(-1), ds.reshape(heads, -1))
+
+    return bias, grad, bias_grad

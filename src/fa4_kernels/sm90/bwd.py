@@ -77,6 +77,7 @@ from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_ope
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
 from fa4_kernels.ptx import barrier_sync_unaligned, fence_proxy_async_global, nanosleep, trap
+from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
 from fa4_kernels.split_partials import SPIN_LIMIT
@@ -122,6 +123,8 @@ class FlashAttentionBackwardSm90:
         layout: str = "keys",
         dq_store: str = "tma",
         block_sparse: bool = False,
+        score_mod: str = "none",
+        grad_address_per_tile: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tables carry the mask"
@@ -149,6 +152,10 @@ class FlashAttentionBackwardSm90:
         self.has_softcap = has_softcap
         self.is_varlen = is_varlen
         self.block_sparse = block_sparse
+        # A built-in score_mod's bias, and its parameters' gradient (score_mod.ScoreBias).
+        self.score_mod = score_mod
+        assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
+        self.grad_address_per_tile = grad_address_per_tile  # heuristics.BwdConfig
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -263,6 +270,8 @@ class FlashAttentionBackwardSm90:
         mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, width) int32 query blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 transposed bitmask slots (AttentionMask.load_bits)
+        mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32 (score_mod.py)
+        mScoreGrad: cute.Tensor,  # their gradient, fp32, zero at launch: (heads_q, width), or (0, width) for none
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
@@ -348,7 +357,7 @@ class FlashAttentionBackwardSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdQaccum, mdK, mdV, tma_dK, tma_dV,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic, rotate, store_first,
-            mSparseCounts, mSparseBlocks, mSparseBits,
+            mSparseCounts, mSparseBlocks, mSparseBits, mScoreParams, mScoreGrad,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
             tma_atom_dQ_store, tma_atom_dK, tma_atom_dV,
             scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
@@ -388,6 +397,8 @@ class FlashAttentionBackwardSm90:
         mSparseCounts: cute.Tensor,
         mSparseBlocks: cute.Tensor,
         mSparseBits: cute.Tensor,
+        mScoreParams: cute.Tensor,
+        mScoreGrad: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -514,7 +525,7 @@ class FlashAttentionBackwardSm90:
                     sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                     tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
-                    batch_idx, group, m_block_min, m_block_max, start, sparse_tables,
+                    batch_idx, group, m_block_min, m_block_max, start, sparse_tables, (mScoreParams, mScoreGrad),
                 )
 
     @cute.jit
@@ -882,6 +893,7 @@ class FlashAttentionBackwardSm90:
         m_block_max: Int32,
         start: Int32,
         sparse_tables,
+        score_tensors,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
@@ -925,6 +937,7 @@ class FlashAttentionBackwardSm90:
         for g in cutlass.range(group, unroll=1):
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
+            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale)
             for i in cutlass.range(first, end, unroll=1):
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
@@ -937,13 +950,16 @@ class FlashAttentionBackwardSm90:
                 # (2) P = exp2(S * scale_log2 - LSE_log2), masked, (3) dS = P * (dP - dPsum).
                 # Without softcap the probabilities are computed while dP's GEMM runs.
                 warpgroup.wait_group(0 if const_expr(self.has_softcap) else 1)
+                # A score_mod's loads are made in waves where they are added (ScoreBias.add): held
+                # all at once beside both accumulators, they spilled hd64's 128-query blocks.
+                loaded = None
                 if const_expr(self.has_softcap):
                     self.probs_and_grads_softcap(acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage,
                                                  m_block, n_block, m_masked_end, m_left_start, score_scale,
                                                  softcap, bits)
                 else:
                     self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                                       m_left_start, scale_log2, bits)
+                                       m_left_start, scale_log2, bits, bias, loaded)
                     acc_S_l = self.stats_lines(acc_S)
                     warpgroup.wait_group(0)
                     acc_dP_l = self.stats_lines(acc_dP)
@@ -951,10 +967,16 @@ class FlashAttentionBackwardSm90:
                         dpsum = sdPsum[tScS[0, c][self.query_mode], stage]
                         for r in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[0])):
                             acc_dP_l[r, c] = acc_S_l[r, c] * (acc_dP_l[r, c] - dpsum)
+                # dS into the score_mod parameters' gradient once P is in its GEMM operand's
+                # registers (bf16), not beside it in fp32: spills otherwise (hd128).
+                after_p = None
+                if const_expr(bias is not None):
+                    after_p = lambda: self.score_grad(bias, acc_dP, thr_mma_sdp, n_block, m_block,  # noqa: E731
+                                                      score_tensors)
                 self.dk_dv_keys(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB, smem_copy_scores,
                                 tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv,
                                 wg_idx, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
-                                tidx)
+                                tidx, after_p)
                 pipeline_q.consumer_release(state)
                 state.advance()
                 accumulate = Int32(1)
@@ -967,7 +989,7 @@ class FlashAttentionBackwardSm90:
         sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum, pipeline_kv, pipeline_q, pipeline_do,
         tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tidx, scale_log2, score_scale, softcap,
         softmax_scale, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
-        sparse_tables,
+        sparse_tables, score_tensors,
     ):
         """"keys_roles": warpgroup 1 the probabilities' side (S^T, P^T, dV), warpgroup 2 the
         gradients' side (dP^T, dS^T, dK); each computes half of dQ's head dims. Per query block:
@@ -1000,14 +1022,15 @@ class FlashAttentionBackwardSm90:
                 sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, scale_log2, score_scale,
                 softcap, softmax_scale, sdQ, block_info, seq, n_block, group, m_block_min, m_block_max, start, tidx,
-                sparse_tables, head_kv, batch_idx)
+                sparse_tables, head_kv, batch_idx, score_tensors)
             self.epilogue_dkv(None, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
         else:
             acc_dK = self.grads_role(
                 sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp, thr_mma_sdp,
                 tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape, softmax_scale, sdQ,
-                group, m_block_min, m_block_max, tidx, sparse_tables, n_block, head_kv, batch_idx)
+                group, m_block_min, m_block_max, tidx, sparse_tables, n_block, head_kv, batch_idx, score_tensors, seq,
+                start)
             self.epilogue_dkv(acc_dK, None, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                               tiled_mma_dk, tiled_mma_dv, wg_tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
@@ -1015,7 +1038,7 @@ class FlashAttentionBackwardSm90:
     def probs_role(self, sQ, sK, sdO, sP_thr, sLSE, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dv, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
                    scale_log2, score_scale, softcap, softmax_scale, sdQ, block_info, seq, n_block, group,
-                   m_block_min, m_block_max, start, tidx, sparse_tables, head_kv, batch_idx):
+                   m_block_min, m_block_max, start, tidx, sparse_tables, head_kv, batch_idx, score_tensors):
         """"keys_roles", warpgroup 1 (see consume_roles); returns dV."""
         wg_mma_dv = tiled_mma_dv.get_slice(0)
         tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
@@ -1031,12 +1054,14 @@ class FlashAttentionBackwardSm90:
         for g in cutlass.range(group, unroll=1):
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
+            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale)
             for i in cutlass.range(first, end, unroll=1):
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
                 bits = self.sparse_bits(mask, sparse_tables, sparse, i, thr_mma_sdp)
                 pipeline_q.consumer_wait(state)
                 acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrK, tSrQ, stage)
+                loaded = self.score_loads(bias, thr_mma_sdp, n_block, m_block)
                 warpgroup.wait_group(0)
                 if const_expr(self.has_softcap):
                     # P, and for the gradients' side P times the cap's derivative 1 - tanh^2.
@@ -1057,7 +1082,7 @@ class FlashAttentionBackwardSm90:
                             sP_l[r, c] = p * cutlass.max(1.0 - t * t, 0.0)
                 else:
                     self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                                       m_left_start, scale_log2, bits)
+                                       m_left_start, scale_log2, bits, bias, loaded)
                     sP_thr.store(acc_S.load())
                 if const_expr(self.dq_store != "stage"):
                     pipeline_q.consumer_release(state)  # Q (S^T) and its LSE read
@@ -1076,7 +1101,7 @@ class FlashAttentionBackwardSm90:
     def grads_role(self, sQ, sV, sdO, sdS, sP_thr, sdPsum, pipeline_q, pipeline_do, tiled_mma_sdp, wg_mma_sdp,
                    thr_mma_sdp, tiled_mma_dk, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, tScS, score_shape,
                    softmax_scale, sdQ, group, m_block_min, m_block_max, tidx, sparse_tables, n_block, head_kv,
-                   batch_idx):
+                   batch_idx, score_tensors, seq, start):
         """"keys_roles", warpgroup 2 (see consume_roles); returns dK (unscaled)."""
         wg_tidx = tidx % THREADS_PER_WG
         wg_mma_dk = tiled_mma_dk.get_slice(0)
@@ -1094,9 +1119,10 @@ class FlashAttentionBackwardSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)
         for g in cutlass.range(group, unroll=1):
-            first, end, _ = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block, m_block_min,
-                                             m_block_max)
-            for _ in cutlass.range(first, end, unroll=1):
+            first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
+                                                  m_block_min, m_block_max)
+            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale)
+            for i in cutlass.range(first, end, unroll=1):
                 stage = state.index
                 pipeline_do.consumer_wait(state)
                 acc_dP = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tdPrV, tdPrdO, stage)
@@ -1109,6 +1135,8 @@ class FlashAttentionBackwardSm90:
                     dpsum = sdPsum[tScS[0, c][self.query_mode], stage]
                     for r in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[0])):
                         acc_dP_l[r, c] = rP_l[r, c] * (acc_dP_l[r, c] - dpsum)
+                m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
+                self.score_grad(bias, acc_dP, thr_mma_sdp, n_block, m_block, score_tensors)
                 if const_expr(self.dq_store != "stage"):
                     pipeline_do.consumer_release(state)  # dO (dP^T) and its dPsum read
                 store_as_operand_a(acc_dP, tdKrdS)
@@ -1153,8 +1181,14 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def probabilities(self, acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                      m_left_start, scale_log2, bits=None):
-        """P = exp2(S * scale_log2 - LSE_log2) in place, masked (no softcap)."""
+                      m_left_start, scale_log2, bits=None, bias=None, loaded=None):
+        """P = exp2(S * scale_log2 - LSE_log2) in place, masked (no softcap), the score_mod's
+        ``bias`` (score_mod.ScoreBias; ``loaded``: its score_loads) added first."""
+        if const_expr(bias is not None):
+            if const_expr(loaded is None and self.layout == "keys"):
+                bias.add(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m)
+            else:
+                bias.apply(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, loaded)
         self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start, bits)
         acc_S_l = self.stats_lines(acc_S)
         for c in cutlass.range_constexpr(cute.size(acc_S_l, mode=[1])):
@@ -1172,10 +1206,13 @@ class FlashAttentionBackwardSm90:
     @cute.jit
     def dk_dv_keys(self, acc_S, acc_dP, acc_dK, acc_dV, tdVrP, tdVrdOt, tdKrdS, tdKrQt, smem_copy_dS, tdSsdS,
                    tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv, wg_idx, dq_part, stage,
-                   accumulate, pipeline_do, state, softmax_scale, sdQ, tidx):
+                   accumulate, pipeline_do, state, softmax_scale, sdQ, tidx, after_p=None):
         """"keys": (4) dV += P^T @ dO from registers, (5) dS^T to shared memory (every
-        consumer's part is needed by every dQ GEMM), (6) dQ = dS @ K, (7) dK += dS^T @ Q."""
+        consumer's part is needed by every dQ GEMM), (6) dQ = dS @ K, (7) dK += dS^T @ Q.
+        ``after_p``: runs once P is in its operand registers, dS still in fp32."""
         store_as_operand_a(acc_S, tdVrP)
+        if const_expr(after_p is not None):
+            after_p()
         store_as_operand_a(acc_dP, tdKrdS)
         wgmma(tiled_mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, stage], accumulate != 0, -1)
         # tdKrdS holds the (64, tile_m) accumulator's values in its own order (one accumulator
@@ -1235,6 +1272,31 @@ class FlashAttentionBackwardSm90:
         elif const_expr(self.is_causal or self.is_local):
             if m_block < m_masked_end or m_block >= m_left_start:
                 self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, False)
+
+    def score_bias(self, score_tensors, head, softmax_scale):
+        """The score_mod's bias on a query head's S^T tiles (score_mod.ScoreBias), or None."""
+        if const_expr(self.score_mod == "none"):
+            return None
+        return ScoreBias.create(self.score_mod, self.tile_n, self.tile_m, True, score_tensors[0], head,
+                                1.0 / softmax_scale)
+
+    @cute.jit
+    def score_loads(self, bias, thr_mma_sdp, n_block, m_block):
+        """The bias's loads for a tile (ScoreBias.load), issued under its score GEMMs; None without."""
+        if const_expr(bias is None):
+            return None
+        return bias.load(thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m)
+
+    @cute.jit
+    def score_grad(self, bias, acc_dS, thr_mma_sdp, n_block, m_block, score_tensors):
+        """dS of a tile into the score_mod parameters' gradient, where the host asks for it (a
+        gradient tensor with rows; (0, width) otherwise)."""
+        if const_expr(bias is not None):
+            enabled = Int32(0)
+            if cute.size(score_tensors[1].shape[0]) > 0:
+                enabled = Int32(1)
+            bias.accumulate_grad(acc_dS, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, score_tensors[1],
+                                 enabled, self.grad_address_per_tile)
 
     @cute.jit
     def sparse_bits(self, mask: AttentionMask, sparse_tables, sparse, i, thr_mma_sdp):

@@ -53,6 +53,7 @@ from fa4_kernels.hopper_mma import (
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
 from fa4_kernels.ptx import bulk_store_s2g, loop_bound_zero
+from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
@@ -104,6 +105,7 @@ class FlashAttentionForwardSm90:
         rebuild_schedule: bool = False,
         epilogue_addresses_per_tile: bool = False,
         block_sparse: bool = False,
+        score_mod: str = "none",
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -120,6 +122,10 @@ class FlashAttentionForwardSm90:
         # host's tables lists, partial ones masked by a bitmask (block_info.SparseBlocks).
         self.block_sparse = block_sparse
         assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tiles carry their own mask"
+        # A built-in score_mod's bias on every score (score_mod.ScoreBias): block-sparse calls only,
+        # without softcap (fa4.flex_attention's path).
+        self.score_mod = score_mod
+        assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -261,6 +267,7 @@ class FlashAttentionForwardSm90:
         mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, width) int32 K/V blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 bitmask slots (mask.AttentionMask.load_bits)
+        mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32 (score_mod.py)
         softmax_scale: Float32,
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
@@ -353,7 +360,7 @@ class FlashAttentionForwardSm90:
         self.kernel(
             tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mSemaphores, mPartials,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, mSparseCounts, mSparseBlocks, mSparseBits,
-            max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
+            mScoreParams, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
             tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -385,6 +392,7 @@ class FlashAttentionForwardSm90:
         mSparseCounts: cute.Tensor,
         mSparseBlocks: cute.Tensor,
         mSparseBits: cute.Tensor,
+        mScoreParams: cute.Tensor,
         max_seqlen_q: Int32,
         has_seqused_k: Int32,
         pack_gqa: Int32,
@@ -500,7 +508,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, make_scheduler, sparse_tables,
+                partials, make_scheduler, sparse_tables, mScoreParams,
             )
 
     @cute.jit
@@ -658,6 +666,7 @@ class FlashAttentionForwardSm90:
         partials: SplitPartials,
         make_scheduler,
         sparse_tables,
+        mScoreParams: cute.Tensor,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -716,6 +725,25 @@ class FlashAttentionForwardSm90:
             else:
                 n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
                                                             kv_lo, kv_hi)
+            bias_at = None
+            if const_expr(self.score_mod != "none"):
+                # The score_mod's bias at step n_block (the pseudo-index above) of the visiting order:
+                # (the K/V block's first key, read at the step's start), then (its loads, issued
+                # under the score GEMM) -> the function adding it to the scores.
+                bias = ScoreBias.create(self.score_mod, self.tile_m, self.tile_n, False, mScoreParams, head_idx,
+                                        Float32(LOG2_E) / softmax.scale_log2)
+                n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
+                if const_expr(self.score_mod == "alibi"):  # its row part goes to the softmax
+                    adder = lambda first_key, loaded: (  # noqa: E731
+                        lambda acc: bias.apply_split(acc, thr_mma_qk, rows.first_row, first_key))
+                else:
+                    adder = lambda first_key, loaded: (  # noqa: E731
+                        lambda acc: bias.apply(acc, thr_mma_qk, rows.first_row, first_key, loaded))
+                bias_at = (
+                    lambda n_block: sparse.n_block(n_block_max - 1 - n_block, n_blocks) * self.tile_n,  # noqa: E731
+                    lambda first_key: bias.load(thr_mma_qk, rows.first_row, first_key),  # noqa: E731
+                    adder,
+                )
             skipped = Int32(0)
             if const_expr(self.skip_dead_blocks):
                 skip_state = kv_state.clone()
@@ -742,11 +770,17 @@ class FlashAttentionForwardSm90:
             # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
             # the causal/local edges. It still takes its turn in the ping-pong, so one
             # warpgroup's first softmax overlaps the other's first GEMM.
+            first_key = None
+            if const_expr(bias_at is not None):
+                first_key = bias_at[0](n_block_max - 1)
             pipeline_k.consumer_wait(kv_state)
             self.scheduler_wait()
             acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
             wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
             self.scheduler_signal()
+            bias_of = None
+            if const_expr(bias_at is not None):
+                bias_of = bias_at[2](first_key, bias_at[1](first_key))
             if const_expr(self.o_in_v):
                 # The previous tile's O store has read V's buffer by now, or soon: the storing
                 # warp waits for that here, under this Q @ K^T, rather than right after issuing
@@ -760,7 +794,7 @@ class FlashAttentionForwardSm90:
             first_block = lambda mask_seqlen, bits=None: self.scores_to_probs(  # noqa: E731
                 acc_S, tOrP, softmax, mask, thr_mma_qk, score_scale, softcap, rows.first_row, n_block_max - 1,
                 mask_seqlen=mask_seqlen, mask_right=self.is_causal or self.is_local, mask_left=self.is_local,
-                is_first=True, bits=bits,
+                is_first=True, bits=bits, bias_of=bias_of,
             )
             # Only a block reaching past seqlen_k needs the seqlen mask: at lengths that are a
             # multiple of tile_n (and in split pieces that end early) the first block is full,
@@ -794,6 +828,7 @@ class FlashAttentionForwardSm90:
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
                 rows.first_row, mask_right, mask_left, pipeline_q, q_state, n_block_min, stamps, bits_of,
+                bias_at,
             )
             if const_expr(self.block_sparse):
                 # The partial blocks after the first, each with its slot's bits, then the full ones.
@@ -978,14 +1013,19 @@ class FlashAttentionForwardSm90:
         n_block_min: Int32,
         stamps=None,
         bits_of=None,
+        bias_at=None,
     ):
         """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it. ``bits_of``
         (block-sparse partial blocks): loads the block's mask bits (AttentionMask.load_bits),
-        here, ahead of the waits."""
+        here, ahead of the waits. ``bias_at``: a score_mod's (see consume), its block read here
+        and its loads issued under the GEMMs."""
         count = kv_state.count
         stamp = lambda point: stamps.step(count, point) if const_expr(self.stamps == "all") else None  # noqa: E731
         stamp(0)
         bits = bits_of() if const_expr(bits_of is not None) else None
+        first_key = None
+        if const_expr(bias_at is not None):
+            first_key = bias_at[0](n_block)
         v_state = kv_state.clone()
         kv_state.advance()
         pipeline_k.consumer_wait(kv_state)
@@ -999,6 +1039,9 @@ class FlashAttentionForwardSm90:
         wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
               n_block != n_block_max - 2, -1)
         self.scheduler_signal()
+        bias_of = None
+        if const_expr(bias_at is not None):
+            bias_of = bias_at[2](first_key, bias_at[1](first_key))
         stamp(3)
         warpgroup.wait_group(1)
         stamp(4)
@@ -1016,14 +1059,16 @@ class FlashAttentionForwardSm90:
         if const_expr(speculative):
             # Exponentials against the running max straight away (OnlineSoftmax.
             # speculative_step); the scores stay in acc_S for the rare redo below.
-            self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
-                                mask_seqlen=False, mask_right=mask_right, mask_left=mask_left)
+            offsets = self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
+                                          mask_seqlen=False, mask_right=mask_right, mask_left=mask_left,
+                                          bias_of=bias_of)
             probs = cute.make_rmem_tensor_like(acc_S, Float32)
-            block_sum = softmax.speculative_step(acc_S, probs)
+            block_sum = softmax.speculative_step(acc_S, probs, offsets)
         else:
             row_scale = self.scores_to_probs(
                 acc_S, None, softmax, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
                 mask_seqlen=False, mask_right=mask_right, mask_left=mask_left, is_first=False, bits=bits,
+                bias_of=bias_of,
             )
             probs = acc_S
         if const_expr(self.pv_wait != "row_max"):
@@ -1053,7 +1098,7 @@ class FlashAttentionForwardSm90:
             else:
                 # Some row's max rose past the threshold (or the row had none yet): redo the
                 # block from its scores, as without the guess, and rescale O.
-                redo_scale = local.step(acc_S, False)
+                redo_scale = local.step(acc_S, False, offsets)
                 store_as_operand_a(acc_S, tOrP)
                 local.rescale(acc_O, redo_scale, always=True)
         else:
@@ -1078,10 +1123,11 @@ class FlashAttentionForwardSm90:
         mask_left: cutlass.Constexpr[bool],
         is_first: cutlass.Constexpr[bool],
         bits: Optional[cute.Tensor] = None,
+        bias_of=None,
     ):
-        self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block, mask_seqlen,
-                            mask_right, mask_left, bits)
-        row_scale = softmax.step(acc_S, is_first)
+        offsets = self.prepare_scores(acc_S, mask, thr_mma_qk, score_scale, softcap, first_row, n_block,
+                                      mask_seqlen, mask_right, mask_left, bits, bias_of)
+        row_scale = softmax.step(acc_S, is_first, offsets)
         if const_expr(tOrP is not None):
             store_as_operand_a(acc_S, tOrP)
         return row_scale
@@ -1100,17 +1146,24 @@ class FlashAttentionForwardSm90:
         mask_right: cutlass.Constexpr[bool],
         mask_left: cutlass.Constexpr[bool],
         bits: Optional[cute.Tensor] = None,
+        bias_of=None,
     ):
-        """Soft-capping and the masks, in place on the scores (``bits``: a block-sparse partial
-        block's, AttentionMask.load_bits)."""
+        """Soft-capping, a score_mod's bias (``bias_of(acc_S)``) and the masks, in place
+        on the scores (``bits``: a block-sparse partial block's, AttentionMask.load_bits).
+        Returns the bias's per-row part the scores lack (OnlineSoftmax.step's ``offsets``), or
+        None."""
         if const_expr(self.has_softcap):
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = cute.math.tanh(acc_S[i] * score_scale, fastmath=True) * softcap
+        offsets = None
+        if const_expr(bias_of is not None):
+            offsets = bias_of(acc_S)
         if const_expr(mask_seqlen or mask_right or mask_left):
             mask.apply(acc_S, thr_mma_qk, first_row, n_block, mask_seqlen,
                        mask_right and self.is_causal, (mask_right or mask_left) and self.is_local)
         if const_expr(bits is not None):
             mask.apply_bits(acc_S, thr_mma_qk, bits)
+        return offsets
 
     @cute.jit
     def warpgroup_n_block_max(self, block_info: BlockInfo, rows: TileRows, wg_idx: Int32, seq: SeqlenInfo,

@@ -1,0 +1,175 @@
+"""fa4's in-kernel score_mods (fa4.score_mods.alibi / relative_bias) through fa4.flex_attention on
+CUDA: the block-sparse kernels with the bias computed inside them, forward and backward, with
+the slopes' or the table's gradient; every head dim (both backward layouts), bf16 and fp16, GQA,
+odd lengths, causal / random / no mask, tables shorter than the sequences (clamped distances);
+outputs and gradients within twice the error of the same math in the input dtype of a float64
+formula, the variants named."""
+import math
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+import fa4
+from fa4 import _native, score_mods
+
+from ..conftest import requires_hopper
+from .test_block_sparse_gpu import random_mask_mod
+from .test_sdpa_gpu import kernel_names
+
+pytestmark = [pytest.mark.gpu, requires_hopper]
+
+
+def bias_of(kind, params, sq, sk):
+    """(heads, sq, sk) bias on the scaled scores, differentiable in params."""
+    rows = torch.arange(sq, device=params.device)[:, None]
+    cols = torch.arange(sk, device=params.device)[None, :]
+    if kind == "alibi":
+        return params[:, None, None] * (cols - rows).to(params.dtype)
+    center = params.shape[1] // 2
+    return params[:, (rows - cols).clamp(-center, center) + center]
+
+
+def reference(q, k, v, bias, visible, scale, dtype):
+    """Masked attention with an additive bias in ``dtype`` (scores accumulated in fp32 at least);
+    (out in float64, lse). Rows that see no key give 0 and -inf."""
+    hq = q.shape[1]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
+    s = (q @ k.transpose(-1, -2)).to(acc) * scale + bias.to(acc)
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return (p.to(dtype) @ v).to(torch.float64), lse
+
+
+def flash_style_param_grad(kind, exact, params, visible, scale, dout, out):
+    """The slopes' / table's gradient in float64 from dS = P (dP - rowsum(dO out)) with ``out`` the
+    call's stored (rounded) output, as a flash-style backward forms it."""
+    q, k, v = (t.detach() for t in exact[:3])
+    hq, sq, sk = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
+    s = (q @ k.transpose(-1, -2)) * scale + bias_of(kind, params, sq, sk)
+    s = s.masked_fill(~visible, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+    grad = torch.zeros_like(params)
+    if kind == "alibi":
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        return (ds * (cols - rows)).sum((0, 2, 3))
+    center = params.shape[1] // 2
+    index = (torch.arange(sq, device=q.device)[:, None] - torch.arange(sk, device=q.device)[None, :]).clamp(
+        -center, center) + center
+    for h in range(hq):
+        grad[h].index_add_(0, index.reshape(-1), ds[:, h].sum(0).reshape(-1))
+    return grad
+
+
+CASES = [  # (kind, head_dim, head_dim_v, dtype, sq, sk, heads q/kv, mask, table center, learnable)
+    ("alibi", 128, 128, torch.bfloat16, 1000, 1000, (4, 2), "causal", 0, True),
+    ("alibi", 64, 64, torch.float16, 777, 901, (4, 4), "random", 0, False),
+    ("alibi", 192, 128, torch.bfloat16, 555, 1111, (4, 4), "none", 0, True),
+    ("relbias", 128, 128, torch.bfloat16, 1023, 1537, (8, 2), "random", 64, True),
+    ("relbias", 96, 96, torch.float16, 700, 700, (2, 1), "causal", 1000, True),
+    ("relbias", 256, 256, torch.bfloat16, 513, 1025, (4, 4), "none", 100, True),
+    ("relbias", 192, 192, torch.float16, 640, 333, (2, 2), "random", 7, False),
+    ("alibi", 256, 256, torch.float16, 129, 4095, (2, 2), "causal", 0, True),
+]
+
+
+def case_id(c):
+    return (f"{c[0]}-d{c[1]}x{c[2]}-{str(c[3])[6:]}-{c[4]}x{c[5]}-h{c[6][0]}/{c[6][1]}-{c[7]}-c{c[8]}-"
+            f"{'learn' if c[9] else 'fixed'}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_score_mod_forward_and_backward_match_float64(case):
+    kind, d, dv, dtype, sq, sk, (hq, hk), mask, center, learnable = case
+    batch = 2
+    g = torch.Generator(device="cpu").manual_seed(sq + sk)
+    if kind == "alibi":
+        params = torch.exp2(-8.0 * torch.arange(1, hq + 1) / hq).cuda()
+    else:
+        params = (0.5 * torch.randn(hq, 2 * center + 1, generator=g)).cuda()
+    params.requires_grad_(learnable)
+    score_mod = score_mods.alibi(params) if kind == "alibi" else score_mods.relative_bias(params)
+    mask_mod = {"causal": fa4.masks.causal(), "none": None,
+                "random": random_mask_mod(sq, sk, (128, 128), hq, sq, False)}[mask]
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cuda")
+    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
+    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
+    v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
+    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d].requires_grad_()  # non-contiguous
+    k.requires_grad_(), v.requires_grad_()
+    out, lse = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
+                                  return_lse=True)
+    launch = _native.last_launch("fwd")
+    assert launch is not None and launch["name"].endswith(f"sparse_{kind}"), launch
+    dout = torch.randn_like(out)
+    wrt = (q, k, v, params) if learnable else (q, k, v)
+    names = kernel_names(lambda: torch.autograd.grad(out, wrt, dout, retain_graph=True))
+    assert any("fa4_kernelssm90bwd" in n for n in names), names
+    grads = torch.autograd.grad(out, wrt, dout)
+    visible = (torch.ones(1, 1, sq, sk, dtype=torch.bool, device="cuda") if mask_mod is None
+               else create_mask(mask_mod, None, None, sq, sk, device="cuda"))
+    scale = 1.0 / math.sqrt(d)
+    exact = [t.detach().double().requires_grad_() for t in wrt]
+    want, want_lse = reference(*exact[:3], bias_of(kind, exact[3] if learnable else params.double(), sq, sk),
+                               visible, scale, torch.float64)
+    want_grads = torch.autograd.grad(want, exact, dout.double())
+    inputs = [t.detach().requires_grad_() for t in wrt]
+    same, _ = reference(*inputs[:3], bias_of(kind, inputs[3] if learnable else params.float(), sq, sk),
+                        visible, scale, dtype)
+    same_grads = torch.autograd.grad(same.to(dtype), inputs, dout)
+    seen = visible.expand(batch, hq, sq, sk).any(-1)
+    err = (out.double() - want)[seen].abs().max().item()
+    base = (same - want)[seen].abs().max().item()
+    assert err <= 2 * base + 1e-3, (err, base)
+    assert torch.all(out[~seen] == 0)
+    assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 2e-3
+    if learnable:
+        # The parameters' gradient sums dS over ~10^6 pairs, alibi's weighted by distances up to the
+        # sequence length, and dS = P (dP - rowsum(dO O)) holds O as stored, in the input dtype (as
+        # every flash-style backward, torch's flex_attention too): its rounding, not the same math's,
+        # sets the error there.
+        same_grads = same_grads[:3] + (flash_style_param_grad(kind, exact, params.double(), visible, scale,
+                                                              dout.double(), out.detach().double()),)
+    for name, got, ref, same_grad in zip(("q", "k", "v", kind), grads, want_grads, same_grads):
+        err = (got.double() - ref).abs().max().item()
+        base = (same_grad.double() - ref).abs().max().item()
+        assert err <= 2 * base + 1e-3 * ref.abs().max().item(), (name, err, base)
+
+
+def test_repeated_runs_agree_within_reduction_order():
+    """The parameters' gradient is a sum of fp32 reductions in any order: runs agree to rounding,
+    and dQ/dK/dV as the block-sparse backward's do."""
+    hq, s, d = 4, 1024, 128
+    table = (0.5 * torch.randn(hq, 2 * 300 + 1, device="cuda")).requires_grad_()
+    q, k, v = (torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    block_mask = create_block_mask(fa4.masks.causal(), None, None, s, s, device="cuda")
+    runs = []
+    for _ in range(3):
+        out = fa4.flex_attention(q, k, v, score_mod=score_mods.relative_bias(table), block_mask=block_mask)
+        runs.append(torch.autograd.grad(out.float().square().sum(), table)[0])
+    for other in runs[1:]:
+        torch.testing.assert_close(other, runs[0], atol=1e-3 * runs[0].abs().max().item(), rtol=1e-4)
+
+
+def test_compiled_step_matches_eager():
+    hq, s, d = 4, 700, 64
+    slopes = torch.linspace(0.05, 0.5, hq, device="cuda").requires_grad_()
+    q, k, v = (torch.randn(2, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    block_mask = create_block_mask(fa4.masks.causal(), None, None, s, s, device="cuda")
+
+    def forward(q, k, v, slopes):
+        return fa4.flex_attention(q, k, v, score_mod=score_mods.alibi(slopes), block_mask=block_mask)
+
+    torch._dynamo.reset()
+    got = torch.compile(forward, fullgraph=True)(q, k, v, slopes)
+    want = forward(q, k, v, slopes)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    for a, e in zip(torch.autograd.grad(got.float().square().sum(), (q, slopes)),
+                    torch.autograd.grad(want.float().square().sum(), (q, slopes))):
+        torch.testing.assert_close(a.float(), e.float(), atol=2e-2 * e.abs().max().item(), rtol=2e-2)

@@ -1,0 +1,150 @@
+"""fa4.score_mods' in-kernel score_mods (alibi, relative_bias) through fa4.flex_attention on the
+CPU path (float64): the block-sparse operators with the bias as data (fa4::fwd_sparse's
+score_mod / score_params), against torch's score_mod semantics as a dense formula: values, the
+LSE, and the gradients of q, k, v and of the slopes or the table; finite differences; a compiled
+graph; and the arguments refused."""
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+import fa4
+from fa4 import flex, masks, ops, score_mods
+
+from .test_flex import inputs, naive_flex, no_fallback
+
+HEADS = 4
+
+
+def make_score_mod(kind, center=5, grad=True):
+    """alibi with distinct slopes per head, or a relative-bias table whose distances clamp at
+    ``center`` (shorter than the sequences: the end entries are shared)."""
+    g = torch.Generator().manual_seed(7)
+    if kind == "alibi":
+        params = torch.linspace(-0.3, 0.9, HEADS, dtype=torch.float64)
+        return score_mods.alibi(params.requires_grad_(grad)), params
+    params = torch.randn(HEADS, 2 * center + 1, generator=g, dtype=torch.float64)
+    return score_mods.relative_bias(params.requires_grad_(grad)), params
+
+
+MASKS = {
+    "no mask": None,
+    "causal": masks.causal,
+    "custom": lambda: (lambda b, h, q, kv: (q * 3 + kv) % 4 != 1),
+}
+
+
+@pytest.mark.parametrize("kind", ["alibi", "relbias"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("lengths", [(37, 37), (29, 45)])
+def test_kernel_score_mods_match_the_dense_formula(kind, mask, lengths):
+    sq, sk = lengths
+    score_mod, params = make_score_mod(kind)
+    mask_mod = MASKS[mask]() if MASKS[mask] else None
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu",
+                                                                 BLOCK_SIZE=16)
+    q, k, v = inputs(hq=HEADS, hkv=2, sq=sq, sk=sk, grad=True)
+    plan = flex._sparse_plan("reason", score_mod, None, q, k, v)
+    assert not isinstance(plan, str) and plan.sparse and plan.score_mod is score_mod
+    out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                      enable_gqa=True, return_lse=True))
+    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    # fa4 keeps the LSE in fp32 and its backward reads it: with biases of tens (alibi's slopes
+    # times distances) the probabilities it recomputes carry fp32 rounding of those.
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-6)
+    dout = torch.randn_like(want)
+    got = torch.autograd.grad(out, (q, k, v, params), dout)
+    exp = torch.autograd.grad(want, (q, k, v, params), dout)
+    for name, a, e in zip(("q", "k", "v", kind), got, exp):
+        torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-5, msg=name)
+    assert got[3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["alibi", "relbias"])
+def test_gradcheck_float64(kind):
+    """Finite differences through q, k, v and the score_mod's parameters (the reference backward
+    and its dS sums on the CPU)."""
+    score_mod, params = make_score_mod(kind, center=3)
+    block_mask = create_block_mask(masks.causal(), None, None, 11, 11, device="cpu", BLOCK_SIZE=16)
+    q, k, v = inputs(b=1, hq=HEADS, hkv=2, sq=11, sk=11, d=8, dv=4, grad=True)
+
+    def run(q, k, v, p):
+        mod = score_mods.alibi(p) if kind == "alibi" else score_mods.relative_bias(p)
+        return no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=mod, block_mask=block_mask,
+                                                      enable_gqa=True))
+
+    assert torch.autograd.gradcheck(run, (q, k, v, params), eps=1e-6, atol=1e-5)
+
+
+def test_frozen_parameters_get_no_gradient_and_inference_runs_below_autograd():
+    score_mod, params = make_score_mod("relbias", grad=False)
+    q, k, v = inputs(hq=HEADS, sq=20, sk=20, grad=True)
+    out = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod))
+    out.sum().backward()
+    assert params.grad is None and q.grad is not None
+    with torch.no_grad():
+        again = fa4.flex_attention(q, k, v, score_mod=score_mod)
+    assert again.grad_fn is None
+    torch.testing.assert_close(again, out.detach(), atol=0, rtol=0)
+
+
+def test_only_the_table_needs_a_gradient():
+    """q, k, v frozen, the table learnable: the backward still runs (for the table alone)."""
+    score_mod, params = make_score_mod("relbias")
+    q, k, v = inputs(hq=HEADS, sq=20, sk=20)
+    out = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod))
+    (grad,) = torch.autograd.grad(out.square().sum(), params)
+    want, _ = naive_flex(q, k, v, score_mod)
+    (expected,) = torch.autograd.grad(want.square().sum(), params)
+    torch.testing.assert_close(grad, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_compiled_step_matches_eager():
+    """torch.compile(fullgraph=True): one graph through fa4::fwd_sparse with the slopes as an
+    input, its backward (AOTAutograd) giving the slopes' gradient as eager does."""
+    score_mod, slopes = make_score_mod("alibi")
+    block_mask = create_block_mask(masks.causal(), None, None, 37, 37, device="cpu", BLOCK_SIZE=16)
+    q, k, v = inputs(hq=HEADS, sq=37, sk=37, grad=True)
+
+    def forward(q, k, v, slopes):
+        return fa4.flex_attention(q, k, v, score_mod=score_mods.alibi(slopes), block_mask=block_mask)
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    got = torch.compile(forward, fullgraph=True, backend=backend)(q, k, v, slopes)
+    assert len(graphs) == 1 and "fa4.fwd_sparse" in graphs[0] and "flex_attention" not in graphs[0]
+    want = forward(q, k, v, slopes)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    for a, e in zip(torch.autograd.grad(got.square().sum(), (q, slopes)),
+                    torch.autograd.grad(want.square().sum(), (q, slopes))):
+        torch.testing.assert_close(a, e, atol=1e-10, rtol=1e-10)
+
+
+def test_bad_parameters_are_refused():
+    q, k, v = inputs(hq=HEADS, sq=9, sk=9)
+    with pytest.raises(ValueError, match="one entry per query head"):
+        fa4.flex_attention(q, k, v, score_mod=score_mods.alibi(torch.ones(HEADS + 1, dtype=torch.float64)))
+    with pytest.raises(ValueError, match="one row per query head"):
+        fa4.flex_attention(q, k, v, score_mod=score_mods.relative_bias(torch.ones(2, 3, dtype=torch.float64)))
+    with pytest.raises(ValueError, match="2 \\* max_distance"):
+        score_mods.relative_bias(torch.ones(HEADS, 4))
+    table = torch.ones(HEADS, 5)
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    tables = fa4.block_sparse.build_tables(flex._full_block_mask(9, 9, q.device), 2, HEADS, (128, 128))
+    sparse = (tables.counts, tables.blocks, tables.bits, 128, 128, q.shape[-1] ** -0.5)
+    with pytest.raises(ValueError, match="score_params for alibi must be"):
+        torch.ops.fa4.fwd_sparse(*args, *sparse, 0.0, None, None, None, 0, 0, score_mods.ALIBI, table)
+    with pytest.raises(ValueError, match="score_mod must be 0"):
+        torch.ops.fa4.fwd_sparse(*args, *sparse, 0.0, None, None, None, 0, 0, 7, table)
+    with pytest.raises(ValueError, match="softcap"):
+        torch.ops.fa4.fwd_sparse(*args, *sparse, 2.0, None, None, None, 0, 0, score_mods.RELATIVE_BIAS, table)
+    with pytest.raises(TypeError, match="float32"):
+        torch.ops.fa4.fwd_sparse(*args, *sparse, 0.0, None, None, None, 0, 0, score_mods.RELATIVE_BIAS,
+                                 table.int())
+    assert ops  # the operators are registered by importing fa4.ops
