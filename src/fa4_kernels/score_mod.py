@@ -143,8 +143,8 @@ class ScoreBias:
             waves: cutlass.Constexpr[int] = 4):
         """``apply`` with its loads made here, in ``waves``: each wave's entries are read after the
         last of the wave before has landed and been added (zero_after), so only one wave's are
-        live. For the backward's 64-score fragments (hd64's 128-query blocks), where ~34 entries
-        held at once beside the S and dP accumulators spilled registers."""
+        live (the backward's "keys" layout: entries held at once beside its S and dP accumulators
+        spilled registers)."""
         if const_expr(self.kind == "alibi"):
             self.apply(acc, thr_mma, first_row, first_col)
         else:
@@ -159,7 +159,8 @@ class ScoreBias:
             per_wave = -(-len(offsets) // waves)
             for start in cutlass.range_constexpr(0, len(offsets), per_wave):
                 for i in cutlass.range_constexpr(start, min(start + per_wave, len(offsets))):
-                    value = row[cutlass.min(cutlass.max(dist + offsets[i], -center), center) + center] * self.factor
+                    index = cutlass.min(cutlass.max(dist + offsets[i], -center), center) + center
+                    value = row[index] * self.factor
                     for r1, c1 in groups[i]:
                         acc_mn[r1, c1] = acc_mn[r1, c1] + value
                     if const_expr(i == min(start + per_wave, len(offsets)) - 1):
@@ -189,8 +190,8 @@ class ScoreBias:
         """ALiBi's bias in two parts (forward): slope * (the column's compile-time offset) added to
         each score, one FFMA with an immediate; slope * (the thread's row base), constant along
         its row fragment, returned per row for the softmax to add to its row max and take off its
-        exponentials' shift (OnlineSoftmax.step's ``offsets``). Adding the whole bias (an FADD and
-        an FFMA per score, between the score GEMM's wait and the row max) cost the forward 27%."""
+        exponentials' shift (OnlineSoftmax.step's ``offsets``): an FFMA per score where the whole
+        bias took an FADD and an FFMA (the gain was within noise: docs/perf_notes.md)."""
         acc_mn = rows_cols_view(acc)
         tScS, t0ScS = self._coords(thr_mma)
         sign = self._col_sign()
