@@ -148,3 +148,21 @@ def test_bad_parameters_are_refused():
         torch.ops.fa4.fwd_sparse(*args, *sparse, 0.0, None, None, None, 0, 0, score_mods.RELATIVE_BIAS,
                                  table.int())
     assert ops  # the operators are registered by importing fa4.ops
+
+
+def test_score_mod_codes_agree_with_the_native_library_and_the_catalog():
+    """One numbering of the in-kernel score_mods: fa4.score_mods' op codes, the native library's
+    enum fa4_score_mod (csrc_shims/fa4_shim.h, which the generated variant table uses) and the
+    catalog's names through fa4.flex."""
+    import re
+    from pathlib import Path
+
+    from fa4_kernels import catalog
+
+    header = (Path(__file__).resolve().parents[2] / "csrc_shims" / "fa4_shim.h").read_text()
+    body = re.search(r"enum fa4_score_mod \{([^}]*)\}", header).group(1)
+    enum = {name: int(value) for name, value in re.findall(r"FA4_SCORE_(\w+) = (\d+)", body)}
+    assert enum == {"NONE": score_mods.NONE, "ALIBI": score_mods.ALIBI, "RELBIAS": score_mods.RELATIVE_BIAS}
+    codes = {"alibi": score_mods.ALIBI, "relbias": score_mods.RELATIVE_BIAS}  # catalog name -> op code
+    assert set(codes) == set(catalog.SCORE_MODS)
+    assert flex._SCORE_KINDS == {score_mods.NONE: "none", **{code: name for name, code in codes.items()}}
