@@ -44,7 +44,9 @@ def test_kernel_score_mods_match_the_dense_formula(kind, mask, lengths):
                                                                  BLOCK_SIZE=16)
     q, k, v = inputs(hq=HEADS, hkv=2, sq=sq, sk=sk, grad=True)
     plan = flex._sparse_plan("reason", score_mod, None, q, k, v)
-    assert not isinstance(plan, str) and plan.sparse and plan.score_mod is score_mod
+    assert not isinstance(plan, str) and plan.sparse and plan.score[0] == {"alibi": score_mods.ALIBI,
+                                                                          "relbias": score_mods.RELATIVE_BIAS}[kind]
+    torch.testing.assert_close(plan.score[1].reshape(-1), params.reshape(-1), atol=0, rtol=0)
     out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                       enable_gqa=True, return_lse=True))
     want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)

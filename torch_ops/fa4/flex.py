@@ -62,7 +62,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                           return_aux=return_aux)
     want_lse = return_lse or (return_aux is not None and return_aux.lse)
     if plan.sparse:
-        out, lse = _block_sparse(query, key, value, block_mask, plan.softcap, scale, plan.score_mod)
+        out, lse = _block_sparse(query, key, value, block_mask, plan.softcap, scale, plan.score)
     elif plan.packing is not None:
         out, lse = _packed(query, key, value, plan, scale, want_lse)
     elif plan.prefix is not None:
@@ -87,7 +87,8 @@ class _Plan(NamedTuple):
     kv_packing: masks.Packing | None = None  # the keys' (packing's when queries and keys share ids)
     prefix: int | None = None  # prefix-LM: keys before it unmasked, the rest under ``window``
     sparse: bool = False  # the BlockMask's blocks and bits: fa4::fwd_sparse (window unused)
-    score_mod: object = None  # sparse: a score_mod the kernels compute (_KERNEL_BIASES)
+    # sparse: a score_mod the kernels compute (_KERNEL_BIASES), as fa4::fwd_sparse's (score_mod, score_params)
+    score: tuple | None = None
 
 
 # score_mods fa4's block-sparse kernels compute (fa4.score_mods.kernel_params); with no BlockMask
@@ -139,14 +140,13 @@ def _packed(query, key, value, plan: _Plan, scale, want_lse):
     return out, None if lse is None else lse.reshape(hq, b, sq).transpose(0, 1)
 
 
-def _block_sparse(query, key, value, block_mask, softcap, scale, score_mod=None):
+def _block_sparse(query, key, value, block_mask, softcap, scale, score=None):
     """fa4::fwd_sparse on (B, S, H, D) views, with the BlockMask's tables at the kernel's tiles
     (and, where a gradient is wanted, the backward's transposed tables at its tiles), and a
-    score_mod the kernels compute (_KERNEL_BIASES; no BlockMask: a full one)."""
+    score_mod the kernels compute (``score``: score_mods.kernel_params of one of _KERNEL_BIASES;
+    no BlockMask: a full one)."""
     batch, heads = query.shape[:2]
-    score = (score_mods.NONE, None)
-    if score_mod is not None:
-        score = score_mods.kernel_params(score_mod, heads, query.device)
+    score = score or (score_mods.NONE, None)
     if block_mask is None:
         block_mask = _full_block_mask(query.shape[2], key.shape[2], query.device)
     kind = _SCORE_KINDS[score[0]]
@@ -216,7 +216,7 @@ def _sparse_plan(reason, score_mod, return_aux, query, key, value):
                                      kernel, score_mod=kind)
     except NotImplementedError as missing:
         return f"{reason} ({missing})"
-    return _Plan((-1, -1), softcap, sparse=True, score_mod=score_mod if score else None)
+    return _Plan((-1, -1), softcap, sparse=True, score=score)
 
 
 def _fa4_plan(score_mod, block_mask, return_aux, batch, sq, sk):
