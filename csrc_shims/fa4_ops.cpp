@@ -328,7 +328,8 @@ std::string py_float(double x) {
 }
 
 // The rules of fa4.validation.check_qkv for CUDA tensors (rank given: 4 dense, 3 packed).
-void check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, int64_t rank) {
+// same_batch: k and v have q's batch (not a KV cache, whose first dim counts pages or cache rows).
+void check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, int64_t rank, bool same_batch = true) {
   const char *names[3] = {"q", "k", "v"};
   const Tensor *ts[3] = {&q, &k, &v};
   for (int i = 0; i < 3; i++)
@@ -345,7 +346,7 @@ void check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, int64_t rank) 
   FA4_TYPE(q.scalar_type() == ScalarType::BFloat16 || q.scalar_type() == ScalarType::Half, "q dtype ",
             dtype_name(q.scalar_type()), " is not supported on cuda; use one of (torch.float16, torch.bfloat16)");
   int o = rank == 4 ? 1 : 0;  // dims: [batch], seqlen, heads, head_dim
-  if (rank == 4)
+  if (rank == 4 && same_batch)
     FA4_VALUE(q.size(0) == k.size(0) && k.size(0) == v.size(0), "batch sizes differ: q ", q.size(0), ", k ", k.size(0),
               ", v ", v.size(0));
   FA4_VALUE(k.size(o) == v.size(o), "k and v must have the same seqlen_k; got ", k.size(o), " and ", v.size(o));
@@ -406,12 +407,13 @@ struct Candidates {
 int32_t dtype_id(ScalarType t) { return t == ScalarType::BFloat16 ? FA4_DTYPE_BF16 : FA4_DTYPE_FP16; }
 
 Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, int64_t dv, int32_t mask_kind,
-                         bool softcap, bool varlen, int32_t kind, int32_t score_mod = FA4_SCORE_NONE) {
+                         bool softcap, bool varlen, int32_t kind, int32_t score_mod = FA4_SCORE_NONE,
+                         bool kv_cache = false) {
   // The last few keys this thread looked up (a scan of the table is ~1 us of a call's host time).
   uint64_t key = ((uint64_t)(dev.cc_major * 10 + dev.cc_minor) << 48) | ((uint64_t)dtype_id(dtype) << 44) |
                  ((uint64_t)(d & 0xfff) << 32) | ((uint64_t)(dv & 0xfff) << 20) | ((uint64_t)mask_kind << 16) |
                  ((uint64_t)softcap << 12) | ((uint64_t)varlen << 8) | ((uint64_t)score_mod << 4) |
-                 (uint64_t)(kind + 1);
+                 ((uint64_t)kv_cache << 3) | (uint64_t)(kind + 1);
   static thread_local std::array<std::pair<uint64_t, Candidates>, 8> recent{};
   static thread_local size_t next_slot = 0;
   for (auto &entry : recent)
@@ -421,7 +423,7 @@ Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, in
     const fa4_variant &x = fa4_variants[i];
     if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor && x.dtype == dtype_id(dtype) &&
         x.head_dim == d && x.head_dim_v == dv && x.mask == mask_kind && x.softcap == (int32_t)softcap &&
-        x.varlen == (int32_t)varlen && x.score_mod == score_mod)
+        x.varlen == (int32_t)varlen && x.score_mod == score_mod && x.kv_cache == (int32_t)kv_cache)
       c.family[x.tiles] = i;
   }
   recent[next_slot++ % recent.size()] = {key, c};
@@ -579,6 +581,15 @@ struct ScoreMod {
   Tensor params;
 };
 
+// A KV-cache call (fa4_fwd's kv_cache variants): the cache as pages, cache_seqlens, the rows to
+// append (k/v themselves as placeholders when there are none).
+struct KvCache {
+  Tensor page_table;     // (batch, max_pages) int32, rows contiguous
+  Tensor cache_seqlens;  // (batch,) int32
+  Tensor k_new, v_new;   // (batch, seqlen_new, heads_kv, dim)
+  int64_t seqlen_new = 0, page_size = 0, capacity = 0;
+};
+
 const char *score_mod_name(int32_t kind) {
   return kind == FA4_SCORE_ALIBI ? "alibi" : kind == FA4_SCORE_RELBIAS ? "relative_bias" : "none";
 }
@@ -611,17 +622,20 @@ ScoreMod check_score_mod(int64_t score_mod, const std::optional<Tensor> &params,
 // Launch the compiled forward. q/k/v/out (batch, seqlen, heads, dim) and lse (batch, heads,
 // seqlen), or packed: (total, heads, dim) and (heads, total) with `varlen`.
 void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &lse, fa4_mask mask, double scale,
-                 double softcap, std::optional<bool> pack_gqa, const Varlen *varlen, Phases &phases) {
+                 double softcap, std::optional<bool> pack_gqa, const Varlen *varlen, Phases &phases,
+                 const KvCache *cache = nullptr) {
   int device = q.get_device_index();
   const DeviceFacts &dev = device_facts(device);
   int lead = varlen ? 1 : 0;  // packed tensors run as batch 1
   fa4_tensor nq = view_of(q, lead);
   const int64_t b = nq.shape[0], sq = nq.shape[1], hq = nq.shape[2], d = nq.shape[3];
-  const int64_t sk = k.size(lead ? 0 : 1), hkv = k.size(lead ? 1 : 2), dv = v.size(lead ? 2 : 3);
+  // A KV cache's sequences are at most its capacity long (each its own length on the device).
+  const int64_t sk = cache ? cache->capacity : k.size(lead ? 0 : 1), hkv = k.size(lead ? 1 : 2),
+                dv = v.size(lead ? 2 : 3);
   if (!varlen) mask = fa4_effective_mask(mask, sq, sk);
   fa4_tuning tune = tuning();
-  Candidates c =
-      find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD);
+  Candidates c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr,
+                               FA4_KERNEL_FWD, FA4_SCORE_NONE, cache != nullptr);
   if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_FWD);
   phases.mark("select");
   q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
@@ -698,13 +712,21 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
     ns = zeroed_counters(device, stream, {1}, &semaphores);
   }
   fa4_fwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, group, grid,
-                        (int32_t)tile_rows, varlen && varlen->used_k ? 1 : 0, packed, tail_ctas};
+                        (int32_t)tile_rows, (varlen && varlen->used_k) || cache ? 1 : 0, packed, tail_ctas,
+                        cache ? (int32_t)cache->page_size : 0, cache ? (int32_t)cache->seqlen_new : 0};
   fa4_tensor nk = view_of(k, lead), nv = view_of(v, lead), no = view_of(out, lead), nl = view_of(lse, lead);
   nq = view_of(q, lead);
+  fa4_tensor pages = nq, k_new = nk, v_new = nv;
+  if (cache) {
+    used_k = view_of(cache->cache_seqlens);
+    pages = view_of(cache->page_table);
+    k_new = view_of(cache->k_new), v_new = view_of(cache->v_new);
+  }
   phases.mark("workspace");
   DeviceGuard guard(device);
   check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &partials_view, &cu_q, &cu_k, &used_k, &order, nullptr,
-                       nullptr, nullptr, nullptr, &params, stream),
+                       nullptr, nullptr, nullptr, cache ? &pages : nullptr, cache ? &k_new : nullptr,
+                       cache ? &v_new : nullptr, &params, stream),
                "forward kernel");
   phases.mark("launch");
 }
@@ -814,9 +836,86 @@ std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor count
   phases.mark("workspace");
   DeviceGuard guard(device);
   check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &nu, &nu, &nu, &nu, &nu, &nc, &nb, &nbits,
-                       score.kind != FA4_SCORE_NONE ? &nscore : nullptr, &params, stream),
+                       score.kind != FA4_SCORE_NONE ? &nscore : nullptr, nullptr, nullptr, nullptr, &params, stream),
                "block-sparse forward kernel");
   phases.mark("launch");
+  return {out, lse};
+}
+
+// ------------------------------------------------------------------------------ KV cache
+// Attention of q against a KV cache, appending k_new/v_new at cache_seqlens first (the kernel
+// writes them: the schema marks k_cache and v_cache mutated). Paged: k_cache (num_pages, page_size,
+// heads_kv, d) with page_table (batch, max_pages); contiguous: (batch_cache, seqlen_cache, heads_kv, d)
+// with cache_batch_idx (batch,) naming each sequence's row. The device reads cache_seqlens and the
+// tables; what needs their values (lengths within the capacity, pages in range) is not checked
+// here (a sync), and the kernel clamps them so a bad value gives wrong rows, never accesses outside.
+std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens,
+                                       std::optional<Tensor> k_new, std::optional<Tensor> v_new,
+                                       std::optional<Tensor> page_table, std::optional<Tensor> cache_batch_idx,
+                                       double softmax_scale, bool causal, int64_t window_left,
+                                       int64_t window_right, double softcap, std::optional<bool> pack_gqa) {
+  Phases phases("fwd_kvcache");
+  check_qkv(q, k_cache, v_cache, 4, false);
+  check_scalars(softmax_scale, softcap);
+  check_pack_gqa(pack_gqa, q.size(2), k_cache.size(2));
+  FA4_VALUE(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1),
+            "k_cache and v_cache must have the same (pages or batch, rows) shape; got ", shape_text(k_cache), " and ",
+            shape_text(v_cache));
+  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2);
+  check_offsets(cache_seqlens, "cache_seqlens", q);
+  FA4_VALUE(cache_seqlens.dim() == 1 && cache_seqlens.size(0) == b, "cache_seqlens must hold one length per batch "
+            "row (", b, "); got ", shape_text(cache_seqlens));
+  FA4_VALUE(k_new.has_value() == v_new.has_value(), "k_new and v_new must be given together");
+  KvCache cache;
+  if (k_new) {
+    const Tensor &kn = *k_new, &vn = *v_new;
+    FA4_VALUE(kn.dim() == 4 && vn.dim() == 4 && kn.size(0) == b && vn.size(0) == b && kn.size(1) == vn.size(1) &&
+              kn.size(2) == k_cache.size(2) && vn.size(2) == k_cache.size(2) && kn.size(3) == k_cache.size(3) &&
+              vn.size(3) == v_cache.size(3),
+              "k_new/v_new must be (batch = ", b, ", seqlen_new, heads_kv = ", k_cache.size(2), ", head_dim); got ",
+              shape_text(kn), " and ", shape_text(vn));
+    FA4_TYPE(kn.scalar_type() == q.scalar_type() && vn.scalar_type() == q.scalar_type(),
+             "k_new and v_new must have q's dtype");
+    FA4_VALUE(kn.is_cuda() && vn.is_cuda() && kn.get_device_index() == q.get_device_index() &&
+              vn.get_device_index() == q.get_device_index(), "k_new and v_new must be on q's device");
+    cache.seqlen_new = kn.size(1);
+    if (cache.seqlen_new > 0) cache.k_new = tma_ready(kn), cache.v_new = tma_ready(vn);
+  }
+  if (cache.seqlen_new == 0) cache.k_new = k_cache, cache.v_new = v_cache;  // placeholders, never read
+  cache.page_size = k_cache.size(1);
+  if (page_table) {
+    FA4_VALUE(!cache_batch_idx, "cache_batch_idx is for contiguous caches; a paged cache names each sequence's "
+              "pages in page_table");
+    const Tensor &t = *page_table;
+    FA4_TYPE(t.scalar_type() == ScalarType::Int && t.dim() == 2, "page_table must be a 2-D torch.int32 tensor; got ",
+             t.dim(), "-D ", dtype_name(t.scalar_type()));
+    FA4_VALUE(t.is_cuda() && t.get_device_index() == q.get_device_index(), "page_table must be on q's device");
+    FA4_VALUE(t.size(0) == b && t.size(1) >= 1, "page_table must be (batch = ", b, ", max_pages >= 1); got ",
+              shape_text(t));
+    FA4_VALUE(cache.page_size % 16 == 0 && (t.size(1) == 1 || (cache.page_size & (cache.page_size - 1)) == 0),
+              "a paged cache's page_size (k_cache.shape[1] = ", cache.page_size,
+              ") must be a power of two and a multiple of 16");
+    cache.page_table = t.is_contiguous() ? t : torch::stable::contiguous(t);
+  } else {
+    FA4_VALUE(cache_batch_idx.has_value(), "give cache_batch_idx (contiguous cache) or page_table (paged cache)");
+    const Tensor &t = *cache_batch_idx;
+    check_offsets(t, "cache_batch_idx", q);
+    FA4_VALUE(t.dim() == 1 && t.size(0) == b, "cache_batch_idx must hold one cache row per batch row (", b,
+              "); got ", shape_text(t));
+    FA4_VALUE(cache.page_size % 16 == 0, "a contiguous cache's seqlen (k_cache.shape[1] = ", cache.page_size,
+              ") must be a multiple of 16: pad the cache");
+    Tensor column = t.is_contiguous() ? t : torch::stable::contiguous(t);
+    cache.page_table = torch::stable::view(column, {b, 1});
+  }
+  cache.capacity = cache.page_table.size(1) * cache.page_size;
+  cache.cache_seqlens = cache_seqlens.is_contiguous() ? cache_seqlens : torch::stable::contiguous(cache_seqlens);
+  fa4_mask mask = resolve_mask(causal, window_left, window_right);
+  phases.mark("checks");
+  int device = q.get_device_index();
+  Tensor out = empty({b, sq, hq, v_cache.size(3)}, dtype_code(q.scalar_type()), device);
+  Tensor lse = empty({b, hq, sq}, aoti_torch_dtype_float32(), device);
+  if (b == 0 || sq == 0 || hq == 0) return {out, lse};
+  run_forward(q, k_cache, v_cache, out, lse, mask, softmax_scale, softcap, pack_gqa, nullptr, phases, &cache);
   return {out, lse};
 }
 
@@ -1127,4 +1226,5 @@ STABLE_TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("bwd_varlen", TORCH_BOX(&bwd_varlen));
   m.impl("fwd_sparse", TORCH_BOX(&fwd_sparse));
   m.impl("bwd_sparse", TORCH_BOX(&bwd_sparse));
+  m.impl("fwd_kvcache", TORCH_BOX(&fwd_kvcache));
 }

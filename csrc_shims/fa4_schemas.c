@@ -28,6 +28,12 @@ static const char *const schemas[] = {
     "Tensor q_blocks, Tensor q_bits, int tile_m, int tile_n, float softmax_scale, float softcap=0.0, "
     "int score_mod=0, Tensor? score_params=None, bool score_grad=False) "
     "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dscore)",
+    /* Attention against a KV cache (fa4.attention_with_kvcache): k_new/v_new are written into the
+       cache at cache_seqlens by the kernel, then attended to. Paged caches take page_table
+       (batch, max_pages), contiguous ones cache_batch_idx (batch,): one of the two. */
+    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? k_new=None, "
+    "Tensor? v_new=None, Tensor? page_table=None, Tensor? cache_batch_idx=None, float softmax_scale=1.0, "
+    MASK_ARGS ", bool? pack_gqa=None) -> (Tensor out, Tensor lse)",
 };
 
 int32_t fa4_schema_count(void) { return (int32_t)(sizeof(schemas) / sizeof(schemas[0])); }

@@ -188,6 +188,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
                 const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                const fa4_tensor *page_table, const fa4_tensor *k_new, const fa4_tensor *v_new,
                 const fa4_fwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
@@ -224,6 +225,28 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     if ((status = check_score_tensors(variant, score_params, NULL, q->shape[2]))) return status;
   } else {
     score_params = &unused_score;
+  }
+  fa4_tensor unused_pages = {semaphores->data, 2, {1, 1}, {1, 1}};
+  if (variant->kv_cache) {
+    if (!page_table || !k_new || !v_new) return fail(FA4_ERR_BAD_TENSOR, "kv cache: page_table, k_new, v_new");
+    if ((status = check_tensor("page_table", page_table, 2, 4, 0)) ||
+        (status = check_tensor("k_new", k_new, 4, 2, 1)) || (status = check_tensor("v_new", v_new, 4, 2, 1)))
+      return status;
+    int32_t ps = params->page_size;
+    if (ps != k->shape[1] || ps < 16 || ps % 16 != 0 || (page_table->shape[1] > 1 && (ps & (ps - 1))))
+      return fail(FA4_ERR_BAD_TENSOR, "kv cache: page_size %d must equal k's rows per page (%lld), be a "
+                  "multiple of 16, and a power of two when a sequence has several pages", ps,
+                  (long long)k->shape[1]);
+    if (page_table->shape[0] != q->shape[0] || page_table->stride[1] != 1 || !params->has_seqused_k ||
+        seqused_k->shape[0] != q->shape[0] || params->seqlen_new < 0 ||
+        (params->seqlen_new > 0 && (k_new->shape[0] != q->shape[0] || k_new->shape[1] != params->seqlen_new ||
+                                    v_new->shape[1] != params->seqlen_new || k_new->shape[2] != k->shape[2])))
+      return fail(FA4_ERR_BAD_TENSOR, "kv cache: page_table (batch, max_pages) rows contiguous, cache_seqlens "
+                  "(batch,), k_new/v_new (batch, seqlen_new, heads_kv, dim)");
+  } else {
+    page_table = &unused_pages;
+    k_new = k;
+    v_new = v;
   }
   if (params->heads_per_group < 1 || params->num_sms < 1 || params->window_left < 0 ||
       params->window_right < 0)
@@ -266,8 +289,8 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   last_launch[FA4_KERNEL_FWD] = (fa4_launch){index, params->pack_gqa, params->tail_ctas, params->heads_per_group,
                                              params->num_sms, 0, 0, 0, semaphores->data, semaphores->shape[0]};
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             seq_order, sparse_counts, sparse_blocks, sparse_bits, score_params, params,
-                             (cudaStream_t)stream);
+                             seq_order, sparse_counts, sparse_blocks, sparse_bits, score_params, page_table,
+                             k_new, v_new, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

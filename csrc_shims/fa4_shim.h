@@ -40,6 +40,8 @@ typedef struct {
   int32_t pack_gqa;        /* q heads stacked in one tile: 1, or heads_q / heads_kv in {2,4,8,16} */
   int32_t tail_ctas;       /* split-tail variants: CTAs sharing the last round's tiles, 0..num_sms
                               (0: no split; see src/fa4_kernels/tile_scheduler.py, SplitTail) */
+  int32_t page_size;       /* kv_cache variants: rows per page of k/v (= k->shape[1]) */
+  int32_t seqlen_new;      /* kv_cache variants: rows of k_new/v_new appended per sequence (0: none) */
 } fa4_fwd_params;
 
 typedef struct {
@@ -100,11 +102,18 @@ int32_t fa4_split_workspace(int32_t variant, int32_t head_dim_v, int32_t num_sms
  * word j // 32. Partial block i of a tile reads slot first_slot + i; a tile with no block must list
  * one partial block whose slot is all zeros (fa4.block_sparse writes them this way). Launches on
  * `stream` (a cudaStream_t) on the current device. */
+/* KV-cache variants (kv_cache = 1; src/fa4_kernels/kv_cache.py): k and v are (num_pages, page_size,
+ * heads_kv, dim) caches, page_table (batch, max_pages) int32 with rows contiguous names each
+ * sequence's pages (a contiguous cache: one page per sequence), seqused_k (batch,) holds
+ * cache_seqlens, and k_new/v_new (batch, seqlen_new, heads_kv, dim) are appended at cache_seqlens
+ * (seqlen_new 0: nothing). page_size is a multiple of 16, a power of two when max_pages > 1.
+ * Other variants ignore page_table, k_new and v_new (NULL allowed). */
 int32_t fa4_fwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                 const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                 const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                 const fa4_tensor *seqused_k, const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
                 const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                const fa4_tensor *page_table, const fa4_tensor *k_new, const fa4_tensor *v_new,
                 const fa4_fwd_params *params,
                 void *stream);
 

@@ -18,7 +18,9 @@ typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa
                               const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                               const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
                               const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                              const fa4_tensor *score_params, const fa4_fwd_params *params, cudaStream_t stream);
+                              const fa4_tensor *score_params, const fa4_tensor *page_table,
+                              const fa4_tensor *k_new, const fa4_tensor *v_new, const fa4_fwd_params *params,
+                              cudaStream_t stream);
 
 typedef int32_t (*fa4_bwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                               const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
@@ -52,6 +54,7 @@ typedef struct {
   int32_t score_mod; /* fa4_score_mod (fa4_shim.h) */
   int32_t tiles;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
+  int32_t kv_cache; /* 1: k/v are a paged KV cache read through page_table (fa4_fwd) */
   int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;
                      bwd: the padding unit of the LSE/dPsum rows) */
   int32_t tile_n; /* keys per K/V block (bwd: the grid's x covers ceil(seqlen_k / tile_n)) */

@@ -131,7 +131,9 @@ def _fake_inputs(key: catalog.VariantKey):
 
 
 def _compile_fwd(key: catalog.VariantKey):
+    import cutlass
     import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
     from cutlass import Float32, Int32
     from cutlass.runtime import make_fake_stream
 
@@ -148,14 +150,20 @@ def _compile_fwd(key: catalog.VariantKey):
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile,
-        block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, stamps=env_settings()["diag_stamps"],
+        block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
+        stamps=env_settings()["diag_stamps"],
     )
     semaphores, partials = vector(align=16), vector(Float32, 16)
+    # KV cache (placeholders elsewhere): the page table (batch, max_pages) int32, rows contiguous,
+    # and the rows to append, (batch, seqlen_new, heads_kv, dim) like k and v.
+    page_table = make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
+                                  assumed_align=4)
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), stats(),
         semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(), _score_params(),
+        page_table, bshd(key.head_dim), bshd(key.head_dim_v),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
-        Int32(0), make_fake_stream(),
+        Int32(0), Int32(1), Int32(0), make_fake_stream(),
     )
 
 
@@ -308,7 +316,8 @@ TENSOR_ARGS = {
     "fwd": {"mQ": "q", "mK": "k", "mV": "v", "mO": "o", "mLSE": "lse", "mSemaphores": "semaphores",
             "mPartials": "partials", "mCuSeqlensQ": "cu_seqlens_q", "mCuSeqlensK": "cu_seqlens_k",
             "mSeqUsedK": "seqused_k", "mSeqOrder": "seq_order", "mSparseCounts": "sparse_counts",
-            "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits", "mScoreParams": "score_params"},
+            "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits", "mScoreParams": "score_params",
+            "mPageTable": "page_table", "mKNew": "k_new", "mVNew": "v_new"},
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
             "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore",
@@ -383,14 +392,16 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
                        const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
                        const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                       const fa4_tensor *score_params, const fa4_fwd_params *p, cudaStream_t stream) {{
+                       const fa4_tensor *score_params, const fa4_tensor *page_table,
+                       const fa4_tensor *k_new, const fa4_tensor *v_new, const fa4_fwd_params *p,
+                       cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
                               &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, &t_sparse_counts,
-                              &t_sparse_blocks, &t_sparse_bits, &t_score_params, p->softmax_scale,
-                              p->softcap, p->window_left, p->window_right,
+                              &t_sparse_blocks, &t_sparse_bits, &t_score_params, &t_page_table, &t_k_new,
+                              &t_v_new, p->softmax_scale, p->softcap, p->window_left, p->window_right,
                               p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
-                              p->pack_gqa, p->tail_ctas, stream);
+                              p->pack_gqa, p->tail_ctas, p->page_size, p->seqlen_new, stream);
 }}"""
 
 
@@ -433,7 +444,7 @@ static int32_t {n}_load(int32_t device) {{
         tiles = {"regular": "FA4_TILES_REGULAR", "short": "FA4_TILES_SHORT", "long": "FA4_TILES_LONG"}[key.tiles]
         score = {"none": "FA4_SCORE_NONE", "alibi": "FA4_SCORE_ALIBI", "relbias": "FA4_SCORE_RELBIAS"}[key.score_mod]
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
-                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {cfg.tile_m}, '
+                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {int(key.kv_cache)}, {cfg.tile_m}, '
                     f'{getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows

@@ -21,6 +21,10 @@ SPARSE_MASK = "sparse"
 # additive bias per score, with its parameters' gradient in the backward. Block-sparse kernels only
 # (fa4.flex_attention's path: any mask becomes tables), every head dim, without softcap.
 SCORE_MODS = ("alibi", "relbias")
+# KV-cache forwards (fa4.attention_with_kvcache; src/fa4_kernels/kv_cache.py): K/V through a page
+# table (a contiguous cache is one page per sequence), appended rows written by the kernel. Dense
+# query batches, every head dim, mask and softcap; regular tiles.
+KV_CACHE_MASKS = MASKS
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
 # statistics it reads) and its postprocess (dQ's conversion to the input dtype).
 KERNELS = ("fwd", "bwd", "bwd_pre", "bwd_post")
@@ -45,6 +49,7 @@ class VariantKey:
     tiles: str = "regular"
     kernel: str = "fwd"  # KERNELS
     score_mod: str = "none"  # "none" | SCORE_MODS (block-sparse fwd and bwd)
+    kv_cache: bool = False  # K/V from a paged KV cache (fwd only)
 
     @property
     def name(self) -> str:
@@ -55,8 +60,9 @@ class VariantKey:
         vl = "_varlen" if self.varlen else ""
         tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
         sm = "" if self.score_mod == "none" else f"_{self.score_mod}"
+        kv = "_kvcache" if self.kv_cache else ""
         return (f"fa4_{self.kernel}_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}"
-                f"{sc}{sm}{vl}{tl}")
+                f"{sc}{sm}{vl}{kv}{tl}")
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -96,6 +102,11 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
         for score_mod, kernel, arch, dtype, (hd, hdv) in itertools.product(
             SCORE_MODS, ("fwd", "bwd"), archs, DTYPES, HEAD_DIMS)
     ]
+    kv_cache = [
+        VariantKey(arch, dtype, hd, hdv, mask, softcap, kv_cache=True)
+        for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
+            archs, DTYPES, HEAD_DIMS, KV_CACHE_MASKS, (False, True))
+    ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")
         for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
@@ -110,7 +121,7 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
     # The postprocess converts a flat range: one per dtype (head dims 0: it serves every one).
     postprocess = [VariantKey(arch, dtype, 0, 0, "none", False, kernel="bwd_post")
                    for arch, dtype in itertools.product(archs, DTYPES)]
-    return regular + extra + sparse + backward + preprocess + postprocess
+    return regular + extra + sparse + kv_cache + backward + preprocess + postprocess
 
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:

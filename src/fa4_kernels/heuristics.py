@@ -167,6 +167,21 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
     return cfg
 
 
+def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
+    """KV-cache forwards (fa4.attention_with_kvcache): 64-row tiles, one consumer warpgroup. A
+    decoding tile holds one query row per packed head (4 of 128 rows with 32/8 heads), and with
+    128-row tiles the padding rows' GEMMs and exponentials made a K/V block cost about as long as
+    its load (H200, bf16 hd128, 32/8 heads, one token, GB/s of K+V, eager | CUDA graph: 64 x 32k
+    3703 | 3434 and 1 x 32k 2377 | 2394 against SDPA's 4469 | 4461 and 3245 | 3542). Otherwise
+    the dense kernel's choices for the head dims."""
+    assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
+    dense = fwd_config(replace(key, kv_cache=False))
+    # The epilogue's addresses per tile: held across the K/V loop, one of them spilled (hd128).
+    cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=False,
+                  epilogue_addresses_per_tile=key.head_dim_v <= 128)
+    return place_buffers(cfg, key.head_dim, key.head_dim_v)
+
+
 def fwd_config(key: VariantKey) -> FwdConfig:
     # tile_m is 128: two consumer warpgroups of 64 rows (the WGMMA M size) each. tile_n sets the
     # S accumulator (tile_n / 2 fp32 registers per thread) next to the O accumulator
@@ -179,6 +194,8 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     assert key.tiles != "short" or key.mask != "local", "short-sequence tiles: no mask or causal"
     if key.mask == "sparse":
         return sparse_fwd_config(key)
+    if key.kv_cache:
+        return kv_cache_fwd_config(key)
     if key.tiles == "short":
         assert key.head_dim == 64, "short-sequence tiles are tuned for hd64"
         # Four consumer warpgroups (256-row tiles) at 112 registers each, so S gets 64 columns.

@@ -24,6 +24,12 @@ class FwdBarrier(enum.IntEnum):
     # before its partial loads. The ids of EPILOGUE_WG_SMEM_FREE again (7-10; 128 threads): a
     # warpgroup uses them for partials only outside its epilogue, with the same thread count.
     SPLIT_WG = 7
+    # KV cache (kv_cache.PagedKV.append): the consumers have written a tile's appended rows into
+    # the cache and fenced them; the producer loads the tile's K/V blocks after it.
+    KV_APPEND = 15
+    # KV cache (one consumer warpgroup): its stale V rows zeroed and fenced before its first P @ V
+    # (sm90/fwd.py clear_stale_v_rows). EPILOGUE_WG_SMEM_FREE's id, which it uses only after the loop.
+    KV_STALE_ROWS = 7
 
 
 MAX_CONSUMER_WG = 4

@@ -81,3 +81,10 @@ def fence_proxy_async_global(*, loc=None, ip=None) -> None:
     """Order this thread's global accesses through the async proxy (bulk copies, TMA) with its
     generic-proxy ones (a flag store or load next to a TMA reduce-add)."""
     inline_asm(None, "fence.proxy.async.global;", "~{memory}", (), volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def prefetch_l1(address, *, loc=None, ip=None) -> None:
+    """Bring the global-memory line holding ``address`` (an integer address) into L1: the load
+    that follows after a wait then hits L1 instead of waiting on L2."""
+    inline_asm(None, "prefetch.global.L1 [$0];", "l", (Int64(address),), volatile=True, loc=loc, ip=ip)

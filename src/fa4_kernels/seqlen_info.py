@@ -32,3 +32,13 @@ class SeqlenInfo:
             if has_seqused_k != 0:  # keys actually used, e.g. a partly filled KV cache
                 seqlen_k = cutlass.min(cutlass.max(mSeqUsedK[batch_idx], 0), seqlen_k)
         return SeqlenInfo(seqlen_q, seqlen_k, offset_q, offset_k)
+
+    @staticmethod
+    @cute.jit
+    def of_cache(batch_idx: Int32, seqlen_q: Int32, capacity: Int32, mCacheSeqlens: cute.Tensor, seqlen_new: Int32):
+        """A KV cache's sequence (kv_cache.py): cache_seqlens[b] cached keys plus the seqlen_new
+        appended ones, clamped into the cache's capacity (values past it are not checked on the
+        host: that would need a sync), so a bad length gives wrong rows, never accesses outside
+        the cache."""
+        seqlen_k = cutlass.min(cutlass.max(mCacheSeqlens[batch_idx], 0) + seqlen_new, capacity)
+        return SeqlenInfo(seqlen_q, seqlen_k, Int32(0), Int32(0))

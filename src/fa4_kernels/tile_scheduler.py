@@ -47,6 +47,16 @@ WHOLE, WRITER, MERGER = 0, 1, 2
 UNBOUNDED_BLOCKS = 1 << 30  # the K/V block bound of a whole tile
 
 
+def scale_piece(lo, hi, n_blocks, n_bound):
+    """A split piece [lo, hi) counted in n_bound blocks (a KV cache's capacity), scaled onto a
+    sequence of n_blocks blocks: [lo * n_blocks // n_bound, hi * n_blocks // n_bound). The pieces
+    of one tile partition [0, n_bound), so the scaled ones partition [0, n_blocks) (some empty),
+    each about its share of the sequence's blocks. hi is clamped to n_bound first (a whole tile's
+    bound is UNBOUNDED_BLOCKS). Integer arithmetic: DSL integers in the kernel, ints on the CPU."""
+    hi = cutlass.min(hi, n_bound)
+    return lo * n_blocks // n_bound, hi * n_blocks // n_bound
+
+
 @dataclass(frozen=True)
 class SplitTail:
     """The static schedule's last round, split into pieces of K/V blocks (see the module doc).

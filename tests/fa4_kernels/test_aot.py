@@ -26,7 +26,9 @@ def _fake_header(name):
     tables = struct("mSparseCounts", 3, 3) + struct("mSparseBlocks", 4, 3) + (
         f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[1];\n}} {name}_Tensor_mSparseBits_t;\n")
     score = struct("mScoreParams", 2, 1)
-    return "".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + vectors + tables + score
+    kv_cache = struct("mPageTable", 2, 1) + struct("mKNew", 3, 3) + struct("mVNew", 3, 3)
+    return ("".join(struct(a, 3, 3) for a in ("mQ", "mK", "mV", "mO")) + struct("mLSE", 3, 2) + vectors + tables
+            + score + kv_cache)
 
 
 def test_variant_digest_changes_with_sources_and_dsl_version():
@@ -43,27 +45,32 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header.write_text(_fake_header(KEY.name))
     c = aot.generate_table([(KEY, header)])
     # forward kind, sm_90, its call key (bf16, 128 x 128, causal, no softcap, regular tiles, not
-    # varlen), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
+    # varlen, no KV cache), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
     assert (f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 128, 128, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 128, 128, 0,') in c
     assert f"{KEY.name}_fwd, NULL, NULL, NULL}}" in c
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
     assert "t_lse.dynamic_strides[2]" not in c
     assert "t_semaphores.dynamic_shapes[0] = (int32_t)semaphores->shape[0];" in c
-    assert "&t_semaphores, &t_partials," in c and "p->tail_ctas, stream" in c
+    assert "&t_semaphores, &t_partials," in c and "p->tail_ctas, p->page_size" in c
     assert "t_cu_seqlens_q.dynamic_shapes[0] = (int32_t)cu_seqlens_q->shape[0];" in c
     assert "t_seqused_k.dynamic_strides" not in c
     assert "t_seq_order.dynamic_shapes[0] = (int32_t)seq_order->shape[0];" in c
-    assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, p->tail_ctas, stream" in c
+    assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, p->tail_ctas, p->page_size" in c
     # The block-sparse tables (any fwd variant takes them; dense ones get placeholders).
     assert "t_sparse_blocks.dynamic_shapes[3] = (int32_t)sparse_blocks->shape[3];" in c
     assert "t_sparse_counts.dynamic_strides[2] = sparse_counts->stride[2];" in c
-    assert "&t_seq_order, &t_sparse_counts," in c and "&t_sparse_bits, &t_score_params, p->softmax_scale" in c
+    assert "&t_seq_order, &t_sparse_counts," in c and "&t_sparse_bits, &t_score_params, &t_page_table" in c
     # A score_mod's parameters (any fwd variant takes them too).
     assert "t_score_params.dynamic_shapes[1] = (int32_t)score_params->shape[1];" in c
     assert "t_score_params.dynamic_strides[0] = score_params->stride[0];" in c
+    # A KV cache's page table and appended rows (placeholders elsewhere), and their scalars.
+    assert "t_page_table.dynamic_strides[0] = page_table->stride[0];" in c
+    assert "&t_page_table, &t_k_new," in c
+    assert "t_k_new.dynamic_strides[2] = k_new->stride[2];" in c
+    assert "p->tail_ctas, p->page_size, p->seqlen_new, stream" in c
     assert "fa4_variant_count = 1;" in c
     assert "fa4_stats_block_rows = 128;" in c
 
@@ -87,17 +94,19 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     c = aot.generate_table(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 64, 128, 0,') in c and f"NULL, {main.name}_bwd, NULL, NULL}}" in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 64, 128, 0,') in c and f"NULL, {main.name}_bwd, NULL, NULL}}" in c
     assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream" in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     assert "&t_sparse_bits, &t_score_params, &t_score_grad," in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
     assert (f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 128, 0, 0,') in c and f"NULL, NULL, {pre.name}_bwd_pre, NULL}}" in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 128, 0, 0,') in c
+    assert f"NULL, NULL, {pre.name}_bwd_pre, NULL}}" in c
     # The postprocess: one per dtype (head dims 0), a flat range in and out.
     assert post.name == "fa4_bwd_post_sm_90a_fp16"
     assert (f'{{"{post.name}", FA4_KERNEL_BWD_POST, 9, 0, FA4_DTYPE_FP16, 0, 0, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0,') in c and f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0,') in c
+    assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
     assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
     assert "p->has_dlse, p->zero_rows, p->num_m_blocks, stream" in c
 

@@ -91,8 +91,10 @@ def test_every_variant_has_a_config_that_fits_shared_memory():
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax) and
-        # hd128's long-sequence tiles, four for hd64's short-sequence tiles; block-sparse tiles two
+        # hd128's long-sequence tiles, four for hd64's short-sequence tiles; block-sparse tiles two;
+        # KV-cache tiles one
         regular = 192 if key.head_dim <= 64 and key.mask != "sparse" else 128
+        regular = 64 if key.kv_cache else regular
         assert cfg.tile_m == {"short": 256, "long": 192}.get(key.tiles, regular)
         assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
@@ -152,7 +154,7 @@ def test_dead_blocks_are_skipped_where_warpgroups_contend():
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         expected = key.mask in ("causal", "local") and (cfg.tile_m > 128 or key.head_dim_v > 128)
-        assert cfg.skip_dead_blocks == expected, key.name
+        assert cfg.skip_dead_blocks == (expected and not key.kv_cache), key.name
     on = {(v.head_dim, v.head_dim_v) for v in forward_variants() if heuristics.fwd_config(v).skip_dead_blocks}
     assert on == {(64, 64), (128, 128), (192, 192), (256, 256)}  # hd128: its long causal tiles
 
@@ -187,7 +189,7 @@ def test_epilogue_addresses_per_tile_under_the_dynamic_schedule():
     # max), -1 to -4% on equal static tiles, the short ones and with O of hd256 (docs/perf_notes.md).
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
-        expected = (key.mask != "none" or key.varlen) and key.tiles != "short" and key.head_dim_v <= 128
+        expected = (key.mask != "none" or key.varlen or key.kv_cache) and key.tiles != "short" and key.head_dim_v <= 128
         assert cfg.epilogue_addresses_per_tile == expected, key.name
 
 
@@ -241,3 +243,19 @@ def test_tile_families_are_dense_variants_beside_a_regular_one():
         heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "local", False, tiles="long"))
     with pytest.raises(AssertionError, match="tuned for hd128"):
         heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 64, 64, "none", False, tiles="long"))
+
+
+def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
+    # One consumer warpgroup (64-row tiles): a decoding tile holds one row per packed head, and
+    # 128-row tiles' padding made a block's GEMMs and exponentials as long as its load
+    # (heuristics.kv_cache_fwd_config). Every head dim, dtype, mask and softcap; forward only.
+    kv = [v for v in catalog.all_variants() if v.kv_cache]
+    want = {(d, hd, hdv, mask, sc) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
+            for mask in catalog.KV_CACHE_MASKS for sc in (False, True)}
+    assert {(v.dtype, v.head_dim, v.head_dim_v, v.mask, v.softcap) for v in kv} == want
+    for key in kv:
+        assert key.kernel == "fwd" and not key.varlen and key.tiles == "regular" and key.name.endswith("_kvcache")
+        cfg = heuristics.fwd_config(key)
+        dense = heuristics.fwd_config(dataclasses.replace(key, kv_cache=False))
+        assert (cfg.tile_m, cfg.tile_n, cfg.split_tail) == (64, dense.tile_n, key.mask == "none"), key.name
+        assert cfg.tile_n % 16 == 0  # whole 16-row page boxes (kv_cache.CHUNK_ROWS)

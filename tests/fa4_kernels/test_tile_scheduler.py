@@ -9,7 +9,15 @@ from dataclasses import replace
 
 import pytest
 
-from fa4_kernels.tile_scheduler import MERGER, WHOLE, WRITER, SplitTail, StaticPersistentScheduler
+from fa4_kernels.tile_scheduler import (
+    MERGER,
+    UNBOUNDED_BLOCKS,
+    WHOLE,
+    WRITER,
+    SplitTail,
+    StaticPersistentScheduler,
+    scale_piece,
+)
 
 
 def work_of(split, cta):
@@ -201,3 +209,21 @@ def test_causal_schedule_ends_evenly(head_dim, seqlen):
             assert ratio <= 1.02, (heads, batches, hpg, ratio)
         elif tiles_per_sm >= 4:
             assert ratio <= 1.10, (heads, batches, hpg, ratio)
+
+
+def test_kv_cache_pieces_scaled_onto_shorter_sequences_cover_them_once():
+    # A KV cache's split counts blocks of its capacity; each piece is scaled onto its sequence's
+    # blocks (fwd.block_range), and the scaled pieces of a tile must cover exactly that
+    # sequence's blocks, each once, each piece about its share. Whole tiles keep the sequence.
+    rng = random.Random(2)
+    for num_tiles, grid, n_bound, tail_ctas in cases():
+        split = SplitTail(num_tiles, grid, n_bound, tail_ctas)
+        n_seq = {t: rng.randint(1, n_bound) for t in range(num_tiles)}  # the blocks each tile's sequence holds
+        covered = {t: [] for t in range(num_tiles)}
+        for cta in range(grid):
+            for tile, lo, hi in work_of(split, cta):
+                a, b = scale_piece(lo, hi if (lo, hi) != (0, n_bound) else UNBOUNDED_BLOCKS, n_seq[tile], n_bound)
+                covered[tile] += range(a, b)
+                assert b - a <= -(-(hi - lo) * n_seq[tile] // n_bound) + 1  # about its share
+        for tile, blocks in covered.items():
+            assert sorted(blocks) == list(range(n_seq[tile])), (num_tiles, grid, n_bound, tail_ctas, tile)

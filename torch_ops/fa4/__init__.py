@@ -149,5 +149,7 @@ from fa4.compat import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 # torch's FlexAttention API, with the masks and score_mods fa4's kernels read as data.
 from fa4 import masks, score_mods  # noqa: E402
 from fa4.flex import flex_attention  # noqa: E402
+from fa4.kv_cache import attention_with_kvcache, flash_attn_with_kvcache  # noqa: E402
 
-__all__ += ["flash_attn_func", "flash_attn_varlen_func", "flex_attention", "masks", "score_mods"]
+__all__ += ["attention_with_kvcache", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+            "flex_attention", "masks", "score_mods"]

@@ -95,7 +95,7 @@ def available() -> bool:
 # Why the CUDA implementations are not registered (None once they are).
 _unavailable_reason: str | None = "fa4._native.define_operators() has not run"
 
-OPERATORS = ("fwd", "bwd", "fwd_varlen", "bwd_varlen", "fwd_sparse", "bwd_sparse")
+OPERATORS = ("fwd", "bwd", "fwd_varlen", "bwd_varlen", "fwd_sparse", "bwd_sparse", "fwd_kvcache")
 
 
 def define_operators() -> str | None:

@@ -626,6 +626,8 @@ def main(argv=None):
                     help="also time short-query GQA against a long KV cache, pack-GQA on and off")
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[16],
                     help="batch sizes of the --gqa-decode cases")
+    ap.add_argument("--kvcache", action="store_true",
+                    help="decoding against a KV cache, contiguous and paged, beside SDPA and a device copy")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--fa3-lib", default=None,
                     help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")
@@ -648,6 +650,11 @@ def main(argv=None):
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
     if args.host:
         bench_host.report(args.head_dims[0][0])
+        return
+    if args.kvcache:
+        from fa4 import bench_kvcache
+
+        bench_kvcache.run(args, dtype)
         return
     if "fa4" in args.providers.split(","):  # a head dim and mask being timed: partial builds have no other
         hd, hdv = args.head_dims[0]

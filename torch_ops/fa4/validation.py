@@ -11,8 +11,9 @@ CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Shape/dtype/device rules shared by every path (fake tensors included)."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, same_batch: bool = True) -> None:
+    """Shape/dtype/device rules shared by every path (fake tensors included). ``same_batch``: k
+    and v have q's batch (not a KV cache, whose first dim counts pages or cache rows)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -28,7 +29,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     allowed = CUDA_DTYPES if q.device.type == "cuda" else CPU_DTYPES
     if q.dtype not in allowed:
         raise TypeError(f"q dtype {q.dtype} is not supported on {q.device.type}; use one of {allowed}")
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+    if same_batch and (q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]):
         raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
         raise ValueError(f"k and v must have the same seqlen_k; got {k.shape[1]} and {v.shape[1]}")

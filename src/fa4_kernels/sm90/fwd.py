@@ -42,6 +42,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
+from fa4_kernels.kv_cache import CHUNK_ROWS, PagedKV
 from fa4_kernels.hopper_mma import (
     always_one_after,
     new_accumulator,
@@ -52,7 +53,7 @@ from fa4_kernels.hopper_mma import (
 )
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
-from fa4_kernels.ptx import bulk_store_s2g, loop_bound_zero
+from fa4_kernels.ptx import bulk_store_s2g, fence_proxy_async_global, loop_bound_zero
 from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
@@ -70,13 +71,14 @@ from fa4_kernels.tile_scheduler import (
     handoff_init,
     handoff_publish,
     handoff_receive,
+    scale_piece,
 )
 
 # Register budget per thread after setmaxnreg, by number of consumer warpgroups: what the
 # launch allocates (64K registers / threads, in steps of 8) less the producer's 24. Four
 # consumer warpgroups launch at 96 per thread (640 threads), so 24 * 128 + 112 * 512 is the most.
 PRODUCER_REGS = 24
-CONSUMER_REGS = {2: 240, 3: 160, 4: 112}
+CONSUMER_REGS = {1: 240, 2: 240, 3: 160, 4: 112}
 STORE_WARP = 4  # first consumer warp: issues the TMA store of a whole O tile
 PV_WAIT_AFTER_EXP = 3  # pv_wait "first_exps": the P @ V wait follows row 0's 4th exponential
 
@@ -106,10 +108,11 @@ class FlashAttentionForwardSm90:
         epilogue_addresses_per_tile: bool = False,
         block_sparse: bool = False,
         score_mod: str = "none",
+        kv_cache: bool = False,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
-        assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "2, 3 or 4 consumer warpgroups"
+        assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "1 to 4 consumer warpgroups"
         assert head_dim % 16 == 0 and head_dim_v % 16 == 0
         self.dtype = dtype
         self.head_dim = head_dim
@@ -126,6 +129,11 @@ class FlashAttentionForwardSm90:
         # without softcap (fa4.flex_attention's path).
         self.score_mod = score_mod
         assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
+        # K/V read from a paged KV cache through a page table, k_new/v_new appended to it (kv_cache.py):
+        # dense query batches, every mask; the schedule as for dense calls.
+        self.kv_cache = kv_cache
+        assert not (kv_cache and (is_varlen or block_sparse)), "a KV cache's sequences come from its page table"
+        assert not kv_cache or (tile_n % CHUNK_ROWS == 0 and tile_m == ROWS_PER_WG), "KV cache: one consumer warpgroup"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -176,12 +184,14 @@ class FlashAttentionForwardSm90:
     # ------------------------------------------------------------------ host side
     def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
                   mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32,
-                  tail_ctas: Int32, grid=None, zero=None) -> StaticPersistentScheduler:
+                  tail_ctas: Int32, grid=None, zero=None, seqlen_k=None) -> StaticPersistentScheduler:
         """mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
         pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
         head index is the K/V head. ``grid``: the launched grid (in the kernel), for the split.
         ``zero``: an opaque zero (ptx.loop_bound_zero) added to every input, so that what derives
-        from them is computed where this is called rather than once and held in registers."""
+        from them is computed where this is called rather than once and held in registers.
+        ``seqlen_k``: the keys every tile's range is cut from (default mK's rows; a KV cache's
+        capacity)."""
         size = lambda v: cute.size(v)  # noqa: E731
         cta = Int32(cute.arch.block_idx()[0])
         if const_expr(zero is not None):
@@ -202,12 +212,15 @@ class FlashAttentionForwardSm90:
         )
         if const_expr(self.split_tail and grid is not None):
             # No mask: every tile visits all ceil(seqlen_k / tile_n) K/V blocks.
-            n_blocks = cute.ceil_div(size(mK.shape[0]), self.tile_n)
+            n_blocks = cute.ceil_div(size(mK.shape[0]) if const_expr(seqlen_k is None) else seqlen_k, self.tile_n)
             split = SplitTail(sched.num_tiles, grid, n_blocks, tail_ctas)
             sched = replace(sched, split=split.for_cta(cta))
         return sched
 
-    def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k):
+    def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k,
+                    seqlen_new=None):
+        if const_expr(self.kv_cache):  # the cached keys (mSeqUsedK: cache_seqlens) plus the appended ones
+            return SeqlenInfo.of_cache(batch_idx, seqlen_q, seqlen_k, mSeqUsedK, seqlen_new)
         return SeqlenInfo.create(batch_idx, seqlen_q, seqlen_k, self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                  mSeqUsedK, has_seqused_k)
 
@@ -221,6 +234,20 @@ class FlashAttentionForwardSm90:
         # loop, which spills the 240-register hd192/hd256 consumers.
         pack_log2 = cute.arch.popc(pack_gqa - 1 + loop_bound_zero(m_block))
         return TileRows(self.tile_m, pack_log2, m_block * (Int32(self.tile_m) >> pack_log2) - shift, head_idx), shift
+
+    def kv_bound(self, mK: cute.Tensor, mPageTable: cute.Tensor, page_size: Int32):
+        """Keys a sequence may hold: mK's rows, or a KV cache's capacity (kv_cache.PagedKV)."""
+        if const_expr(self.kv_cache):
+            return PagedKV.capacity(mPageTable, page_size)
+        return mK.shape[0]
+
+    def kv_bound_of_tile(self, seqlen_k: Int32, kv_cache, m_block: Int32):
+        """kv_bound inside a tile loop: a KV cache's capacity computed there (an opaque zero from
+        the loop's m_block keeps it from being hoisted and held), else seqlen_k."""
+        if const_expr(self.kv_cache):
+            mPageTable, page_size = kv_cache[0], kv_cache[1]
+            return PagedKV.capacity(mPageTable, page_size + loop_bound_zero(m_block))
+        return seqlen_k
 
     def tile_view(self, t: cute.Tensor, head, batch_idx, offset):
         """(seqlen, dim) slice of a (seqlen, dim, head, batch) tensor for one sequence."""
@@ -268,6 +295,9 @@ class FlashAttentionForwardSm90:
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, width) int32 K/V blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 bitmask slots (mask.AttentionMask.load_bits)
         mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32 (score_mod.py)
+        mPageTable: cute.Tensor,  # kv_cache: (batch, max_pages) int32 pages of each sequence (kv_cache.py)
+        mKNew: cute.Tensor,  # kv_cache: (batch, seqlen_new, heads_kv, head_dim) keys to append
+        mVNew: cute.Tensor,  # kv_cache: (batch, seqlen_new, heads_kv, head_dim_v)
         softmax_scale: Float32,
         softcap: Float32,  # used only by softcap variants
         window_left: Int32,  # used only by local variants; >= 0
@@ -278,14 +308,17 @@ class FlashAttentionForwardSm90:
         has_seqused_k: Int32,  # varlen: 1 when mSeqUsedK holds the key counts
         pack_gqa: Int32,  # 1, or heads_q / heads_kv (a power of two <= 16): stack those heads in a tile
         tail_ctas: Int32,  # static schedule: CTAs to split the last round's tiles over (0: none)
+        page_size: Int32,  # kv_cache: rows per page of k/v
+        seqlen_new: Int32,  # kv_cache: rows of mKNew/mVNew appended to each sequence (0: none)
         stream: cuda.CUstream,
     ):
         """Dense: q (batch, seqlen_q, heads_q, head_dim) etc. Varlen: the same tensors with
-        batch 1 holding every sequence back to back, delimited by cu_seqlens."""
+        batch 1 holding every sequence back to back, delimited by cu_seqlens. KV cache: k/v
+        are (num_pages, page_size, heads_kv, dim) and mSeqUsedK holds cache_seqlens."""
         # Sequence-major views: (seqlen, dim, head, batch) so a tile is (tile, dim) at [.., h, b].
-        mQ, mK, mV, mO = [
+        mQ, mK, mV, mO, mKNew, mVNew = [
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-            for t in (mQ, mK, mV, mO)
+            for t in (mQ, mK, mV, mO, mKNew, mVNew)
         ]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
 
@@ -309,12 +342,22 @@ class FlashAttentionForwardSm90:
         # slices are 1 KB apart and keep the swizzle phase).
         sQ_rows8 = cute.composition(sQ_layout, cute.make_layout((8, self.head_dim), stride=(1, self.tile_m)))
         tma_atom_Qc, tma_Qc = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_rows8, (8, self.head_dim))
-        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
-            tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1
-        )
-        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-            tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1
-        )
+        if const_expr(self.kv_cache):
+            # One CHUNK_ROWS-row box per page piece (kv_cache.PagedKV.load_block): a row slice of
+            # a stage, as for Q's 8-row pieces.
+            box = lambda layout, dim: cute.composition(  # noqa: E731
+                cute.select(layout, mode=[0, 1]), cute.make_layout((CHUNK_ROWS, dim), stride=(1, self.tile_n)))
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, box(sK_layout, self.head_dim),
+                                                            (CHUNK_ROWS, self.head_dim), 1)
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, box(sV_layout, self.head_dim_v),
+                                                            (CHUNK_ROWS, self.head_dim_v), 1)
+        else:
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+                tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1
+            )
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1
+            )
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mO, sO_store_layout,
             (cute.size(sO_store_layout, mode=[0]), self.head_dim_v)
@@ -341,7 +384,7 @@ class FlashAttentionForwardSm90:
             next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS]
 
         num_tiles = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
-                                   tail_ctas).num_tiles
+                                   tail_ctas, seqlen_k=self.kv_bound(mK, mPageTable, page_size)).num_tiles
         if const_expr(self.split_tail):
             # With fewer tiles than SMs, a split tail spreads them over up to tail_ctas CTAs.
             grid = (cutlass.min(num_sms, cutlass.max(num_tiles, tail_ctas)), 1, 1)
@@ -360,8 +403,8 @@ class FlashAttentionForwardSm90:
         self.kernel(
             tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mSemaphores, mPartials,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, mSparseCounts, mSparseBlocks, mSparseBits,
-            mScoreParams, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
-            tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
+            mScoreParams, mPageTable, mK, mV, mKNew, mVNew, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
+            page_size, seqlen_new, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -393,10 +436,17 @@ class FlashAttentionForwardSm90:
         mSparseBlocks: cute.Tensor,
         mSparseBits: cute.Tensor,
         mScoreParams: cute.Tensor,
+        mPageTable: cute.Tensor,
+        mKCache: cute.Tensor,  # kv_cache: mK and mV as tensors (the appended rows' stores), not TMA views
+        mVCache: cute.Tensor,
+        mKNew: cute.Tensor,
+        mVNew: cute.Tensor,
         max_seqlen_q: Int32,
         has_seqused_k: Int32,
         pack_gqa: Int32,
         tail_ctas: Int32,
+        page_size: Int32,
+        seqlen_new: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_Qc: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
@@ -476,16 +526,20 @@ class FlashAttentionForwardSm90:
             window_right if const_expr(self.is_local) else None,
         )
         seqlen_q = mQ.shape[0]
+        # A KV cache's capacity is recomputed per tile where used (kv_bound_of_tile): held from
+        # here across the role split, it spilled the 24-register producer.
         seqlen_k = mK.shape[0]
         # The schedule, built where this is called (consume rebuilds it per tile with
         # rebuild_schedule, passing an opaque zero).
         make_scheduler = lambda zero=None: self.scheduler(  # noqa: E731
             mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa, tail_ctas,
-            Int32(cute.arch.grid_dim()[0]), zero=zero)
+            Int32(cute.arch.grid_dim()[0]), zero=zero,
+            seqlen_k=self.kv_bound(mK, mPageTable, page_size) if const_expr(self.kv_cache) else None)
         scheduler = make_scheduler()
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
                                  partial_words_per_thread(self.head_dim_v))
-        seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k)
+        seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, seqlen_new)
+        kv_cache = (mPageTable, page_size, mKCache, mVCache, mKNew, mVNew)
         sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
         tile_slots = storage.next_tile.get_tensor(cute.make_layout(HANDOFF_SLOTS))
         tile_mbar = storage.mbar_tile.data_ptr()
@@ -497,7 +551,7 @@ class FlashAttentionForwardSm90:
                 self.load(
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
-                    mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa, sparse_tables,
+                    mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa, sparse_tables, kv_cache,
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
@@ -508,7 +562,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, make_scheduler, sparse_tables, mScoreParams,
+                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache,
             )
 
     @cute.jit
@@ -539,8 +593,11 @@ class FlashAttentionForwardSm90:
         seqlens,
         pack_gqa: Int32,
         sparse_tables,
+        kv_cache,
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
+        mPageTable, page_size, mKCache, mVCache, mKNew, mVNew = kv_cache
+        seqlen_new = seqlens[4]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         cursor = self.first_cursor(scheduler)
@@ -548,27 +605,50 @@ class FlashAttentionForwardSm90:
         tiles_loaded = Int32(0)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
         while valid:
-            seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
+            bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
+            seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
             gQ = cute.local_tile(cute.domain_offset((rows.first_row, 0), self.tile_view(mQ, head_idx, batch_idx, seq.offset_q)),
                                  (self.tile_m, self.head_dim), (0, 0))
-            gK = cute.local_tile(self.tile_view(mK, head_idx_kv, batch_idx, seq.offset_k),
-                                 (self.tile_n, self.head_dim), (None, 0))
-            gV = cute.local_tile(self.tile_view(mV, head_idx_kv, batch_idx, seq.offset_k),
-                                 (self.tile_n, self.head_dim_v), (None, 0))
             # TMA partitions: ((atom_v, rest_v)) for Q, ((atom_v, rest_v), n_blocks | stages) for K/V.
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
             )
-            tKsK, tKgK = cpasync.tma_partition(
-                tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-            )
-            tVsV, tVgV = cpasync.tma_partition(
-                tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
-            )
             block_at, num_steps = self.visiting_order(block_info, seq, shift, m_block, head_idx, batch_idx, kv_lo,
-                                                      kv_hi, sparse_tables)
+                                                      kv_hi, sparse_tables, bound)
+            if const_expr(self.kv_cache):
+                # K/V blocks by page boxes; a block's page table entries are prefetched into L1
+                # before the wait for its K stage (ahead_of).
+                paged = PagedKV(mPageTable, page_size, batch_idx, seq.seqlen_k, self.tile_n)
+                ahead_of = paged.prefetch
+                copy_k = lambda n_block, state: paged.load_block(  # noqa: E731
+                    tma_atom_K, mK, head_idx_kv, sK[None, None, state.index], n_block, self.head_dim,
+                    pipeline_k.producer_get_barrier(state))
+                copy_v = lambda n_block, state: paged.load_block(  # noqa: E731
+                    tma_atom_V, mV, head_idx_kv, sV[None, None, state.index], n_block, self.head_dim_v,
+                    pipeline_v.producer_get_barrier(state))
+                if seqlen_new > 0:  # the consumers' appended rows are in the cache (and fenced)
+                    cute.arch.barrier(barrier_id=int(FwdBarrier.KV_APPEND),
+                                      number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE)
+            else:
+                gK = cute.local_tile(self.tile_view(mK, head_idx_kv, batch_idx, seq.offset_k),
+                                     (self.tile_n, self.head_dim), (None, 0))
+                gV = cute.local_tile(self.tile_view(mV, head_idx_kv, batch_idx, seq.offset_k),
+                                     (self.tile_n, self.head_dim_v), (None, 0))
+                tKsK, tKgK = cpasync.tma_partition(
+                    tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+                )
+                tVsV, tVgV = cpasync.tma_partition(
+                    tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+                )
+                ahead_of = lambda n_block: None  # noqa: E731
+                copy_k = lambda n_block, state: cute.copy(  # noqa: E731
+                    tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
+                    tma_bar_ptr=pipeline_k.producer_get_barrier(state))
+                copy_v = lambda n_block, state: cute.copy(  # noqa: E731
+                    tma_atom_V, tVgV[None, n_block], tVsV[None, state.index],
+                    tma_bar_ptr=pipeline_v.producer_get_barrier(state))
 
             # The consumers release Q only after the previous tile's last Q @ K^T, and Q is read
             # once (never an L2 hit): fetch it into L2 now, about two K/V blocks ahead of that,
@@ -576,9 +656,9 @@ class FlashAttentionForwardSm90:
             if pack_gqa == 1:
                 cute.prefetch(tma_atom_Q, tQgQ)
             # K of the last block first: the consumers start with Q @ K^T of that block.
+            ahead_of(block_at(0))
             pipeline_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK[None, block_at(0)], tKsK[None, kv_state.index],
-                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+            copy_k(block_at(0), kv_state)
             pipeline_q.producer_acquire(q_state)
             if pack_gqa == 1:
                 cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
@@ -601,17 +681,15 @@ class FlashAttentionForwardSm90:
             for i in cutlass.range(num_steps - 1, unroll=1):
                 v_state = kv_state.clone()
                 kv_state.advance()
+                ahead_of(block_at(i + 1))
                 pipeline_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_K, tKgK[None, block_at(i + 1)], tKsK[None, kv_state.index],
-                          tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                copy_k(block_at(i + 1), kv_state)
                 self.wait_o_stored(o_free_mbar, i == 0, tiles_loaded)
                 pipeline_v.producer_acquire(v_state)
-                cute.copy(tma_atom_V, tVgV[None, block_at(i)], tVsV[None, v_state.index],
-                          tma_bar_ptr=pipeline_v.producer_get_barrier(v_state))
+                copy_v(block_at(i), v_state)
             self.wait_o_stored(o_free_mbar, num_steps - 1 <= 0, tiles_loaded)
             pipeline_v.producer_acquire(kv_state)
-            cute.copy(tma_atom_V, tVgV[None, block_at(num_steps - 1)], tVsV[None, kv_state.index],
-                      tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+            copy_v(block_at(num_steps - 1), kv_state)
             kv_state.advance()
             if const_expr(self.o_in_v):
                 tiles_loaded += 1
@@ -667,6 +745,7 @@ class FlashAttentionForwardSm90:
         make_scheduler,
         sparse_tables,
         mScoreParams: cute.Tensor,
+        kv_cache,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -708,7 +787,8 @@ class FlashAttentionForwardSm90:
         handoffs_o = Int32(0)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
         while valid:
-            seq = self.seqlen_info(batch_idx, seqlen_q, seqlen_k, *seqlens)
+            bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
+            seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
             seqlen_q_tiled = seq.seqlen_q + shift  # what K/V block ranges see
             mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.pack_log2,
@@ -724,7 +804,23 @@ class FlashAttentionForwardSm90:
                 first_bits = mask.load_bits(mBits, sparse.first_slot, thr_mma_qk)
             else:
                 n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
-                                                            kv_lo, kv_hi)
+                                                            kv_lo, kv_hi, bound)
+            if const_expr(self.kv_cache):
+                mPageTable, page_size, mKCache, mVCache, mKNew, mVNew = kv_cache
+                seqlen_new = seqlens[4]
+                if seqlen_new > 0:
+                    # The appended rows of this tile's K/V blocks into the cache before the producer
+                    # loads them (kv_cache.py); it waits on KV_APPEND.
+                    paged = PagedKV(mPageTable, page_size, batch_idx, seq.seqlen_k, self.tile_n)
+                    head_kv = head_idx * pack_gqa // (cute.size(mO.shape[2]) // cute.size(mKCache.shape[2]))
+                    first_row, end_row = n_block_min * self.tile_n, n_block_max * self.tile_n
+                    paged.append(mKNew, mKCache, head_kv, seqlen_new, first_row, end_row, self.head_dim, self.dtype,
+                                 tidx, self.num_mma_threads)
+                    paged.append(mVNew, mVCache, head_kv, seqlen_new, first_row, end_row, self.head_dim_v,
+                                 self.dtype, tidx, self.num_mma_threads)
+                    fence_proxy_async_global()
+                    cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.KV_APPEND),
+                                             number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE)
             bias_at = None
             if const_expr(self.score_mod != "none"):
                 # The score_mod's bias at step n_block (the pseudo-index above) of the visiting order:
@@ -824,11 +920,18 @@ class FlashAttentionForwardSm90:
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 2)
 
+            before_first_pv = None
+            if const_expr(self.kv_cache):
+                # The tile's first block (its last K/V block) may end inside a 16-row page box
+                # whose rows past the sequence come from the cache as they are: zero them in V.
+                first_block_index = n_block_max - 1
+                before_first_pv = lambda v_state: self.clear_stale_v_rows(  # noqa: E731
+                    sV, v_state.index, seq.seqlen_k, first_block_index, tidx)
             step = lambda kv_state, n_block, mask_right, mask_left, bits_of=None: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
                 rows.first_row, mask_right, mask_left, pipeline_q, q_state, n_block_min, stamps, bits_of,
-                bias_at,
+                bias_at, before_first_pv,
             )
             if const_expr(self.block_sparse):
                 # The partial blocks after the first, each with its slot's bits, then the full ones.
@@ -867,6 +970,9 @@ class FlashAttentionForwardSm90:
                 stamps.tile(q_state.count, 3)
             # Last P @ V. The row sums' quad reduction (shuffles, independent of O) runs under it.
             pipeline_v.consumer_wait(kv_state)
+            if const_expr(self.kv_cache):
+                if n_block_max - n_block_min == 1:  # also the tile's first block
+                    before_first_pv(kv_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                   n_block_max - n_block_min > 1, -1)
             totals = softmax.row_totals()
@@ -964,7 +1070,7 @@ class FlashAttentionForwardSm90:
         return m_block, head_idx, batch_idx, kv_lo, kv_hi, valid and in_share
 
     def visiting_order(self, block_info: BlockInfo, seq: SeqlenInfo, shift, m_block, head_idx, batch_idx, kv_lo,
-                       kv_hi, sparse_tables):
+                       kv_hi, sparse_tables, seqlen_k_bound):
         """(block_at, num_steps): the i-th K/V block a tile visits, and how many it visits. Dense:
         its block range from the last block down (on the causal diagonal the masked block comes
         first, in the step nothing overlaps); block-sparse: its row of the tables (partial
@@ -975,14 +1081,27 @@ class FlashAttentionForwardSm90:
             n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
             return (lambda i: sparse.n_block(i, n_blocks)), sparse.num_total
         n_block_min, n_block_max = self.block_range(block_info, seq.seqlen_q + shift, seq.seqlen_k, m_block,
-                                                    kv_lo, kv_hi)
+                                                    kv_lo, kv_hi, seqlen_k_bound)
         return (lambda i: n_block_max - 1 - i), n_block_max - n_block_min
 
-    def block_range(self, block_info: BlockInfo, seqlen_q, seqlen_k, m_block, kv_lo, kv_hi):
-        """The tile's K/V block range, cut to the piece [kv_lo, kv_hi) when the tail is split."""
+    def block_range(self, block_info: BlockInfo, seqlen_q, seqlen_k, m_block, kv_lo, kv_hi, seqlen_k_bound):
+        """The tile's K/V block range, cut to the piece [kv_lo, kv_hi) when the tail is split.
+        ``seqlen_k_bound``: the keys the split's blocks were counted from (every tile's seqlen_k
+        for dense calls; a KV cache's capacity, whose sequences may be shorter)."""
         n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
         if const_expr(self.split_tail):
-            n_block_min, n_block_max = cutlass.max(n_block_min, kv_lo), cutlass.min(n_block_max, kv_hi)
+            if const_expr(self.kv_cache):
+                # Pieces of the capacity's blocks, scaled onto this sequence's: every CTA of the
+                # split gets its share of the keys the sequence holds. A piece left empty visits
+                # one block past the sequence, all masked (zeros loaded): a partial with no weight.
+                n_seq = n_block_max
+                kv_lo, kv_hi = scale_piece(kv_lo, kv_hi, n_seq, cute.ceil_div(seqlen_k_bound, self.tile_n))
+                n_block_min, n_block_max = cutlass.max(n_block_min, kv_lo), cutlass.min(n_block_max, kv_hi)
+                empty = cutlass.min(cutlass.max(n_block_min - n_block_max + 1, 0), 1)
+                n_block_min = n_block_min + empty * (n_seq - n_block_min)
+                n_block_max = n_block_max + empty * (n_seq + 1 - n_block_max)
+            else:
+                n_block_min, n_block_max = cutlass.max(n_block_min, kv_lo), cutlass.min(n_block_max, kv_hi)
         return n_block_min, n_block_max
 
     @cute.jit
@@ -1014,11 +1133,13 @@ class FlashAttentionForwardSm90:
         stamps=None,
         bits_of=None,
         bias_at=None,
+        before_first_pv=None,
     ):
         """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it. ``bits_of``
         (block-sparse partial blocks): loads the block's mask bits (AttentionMask.load_bits),
         here, ahead of the waits. ``bias_at``: a score_mod's (see consume), its block read here
-        and its loads issued under the GEMMs."""
+        and its loads issued under the GEMMs. ``before_first_pv(v_state)``: run on the tile's
+        first V stage before its P @ V (a KV cache's stale rows, clear_stale_v_rows)."""
         count = kv_state.count
         stamp = lambda point: stamps.step(count, point) if const_expr(self.stamps == "all") else None  # noqa: E731
         stamp(0)
@@ -1035,6 +1156,9 @@ class FlashAttentionForwardSm90:
         acc_S = new_accumulator(thr_mma_qk, (self.tile_m, self.tile_n))
         wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
         pipeline_v.consumer_wait(v_state)
+        if const_expr(before_first_pv is not None):
+            if n_block == n_block_max - 2:
+                before_first_pv(v_state)
         # The first P @ V (that of block n_block_max - 1) initialises O.
         wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
               n_block != n_block_max - 2, -1)
@@ -1175,6 +1299,22 @@ class FlashAttentionForwardSm90:
             rows_end = rows.block_rows
         return block_info.n_block_max_of_rows(rows.first_row + rows_end, seq.seqlen_q, seq.seqlen_k, n_block_min,
                                               n_block_max)
+
+    @cute.jit
+    def clear_stale_v_rows(self, sV: cute.Tensor, stage: Int32, seqlen_k: Int32, n_block: Int32, tidx: Int32):
+        """KV cache: zero the rows of V block n_block (in stage ``stage``) past the sequence's
+        end inside its last 16-row page box, which the TMA loaded from the cache as they are
+        (kv_cache.py: boxes wholly past the end arrive as zeros). Their probabilities are 0, but
+        0 * inf or NaN in a stale slot would be NaN. Then fence the writes for the P @ V and sync
+        the warpgroup (the only consumer one: kv_cache variants have one)."""
+        first = seqlen_k - n_block * self.tile_n
+        boxed = cute.ceil_div(seqlen_k, CHUNK_ROWS) * CHUNK_ROWS - n_block * self.tile_n
+        rows = cutlass.max(cutlass.min(boxed, self.tile_n) - cutlass.max(first, 0), 0)
+        sV_stage = sV[None, None, stage]
+        for i in cutlass.range(tidx, rows * self.head_dim_v, THREADS_PER_WG, unroll=1):
+            sV_stage[first + i // self.head_dim_v, i % self.head_dim_v] = self.dtype(0.0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=int(FwdBarrier.KV_STALE_ROWS), number_of_threads=THREADS_PER_WG)
 
     @cute.jit
     def skip_blocks(self, kv_state, skipped: Int32, pipeline_k: pipeline.PipelineAsync):

@@ -1,0 +1,120 @@
+"""A KV cache the forward kernel reads through a page table and appends to (sm90/fwd.py, kv_cache
+variants; fa4.attention_with_kvcache).
+
+The cache is paged: K and V are (num_pages, page_size, heads_kv, dim), and row r of sequence b
+lives in page ``page_table[b, r // page_size]`` at row ``r % page_size``. A contiguous cache
+(batch_cache, seqlen_cache, heads_kv, dim) is the same thing with one page per sequence:
+page_size = seqlen_cache and page_table = cache_batch_idx as a column. A sequence holds
+``cache_seqlens[b] + seqlen_new`` keys, the last seqlen_new of them appended by the call.
+
+Loads: a K or V block of tile_n rows arrives as tile_n / CHUNK_ROWS TMA boxes of CHUNK_ROWS rows,
+each from its own page (page sizes are multiples of CHUNK_ROWS), all on the stage's one
+transaction barrier. A box wholly past the sequence's end gets a row coordinate just past its
+page: the TMA fills it with zeros and still counts its bytes, and the page table entry behind it
+(serving engines leave entries past a sequence's pages unset) is never used. The rows past the
+end inside the sequence's last box (at most CHUNK_ROWS - 1) come from the cache as they are: their
+scores are masked (a select, so inf or NaN there is harmless) and the consumer zeroes them in V
+before the P @ V (sm90/fwd.py clear_stale_v_rows), where 0 * inf would be NaN.
+
+Append: at the start of a tile the consumer threads copy the appended rows of k_new / v_new that
+fall in the tile's K/V blocks into their cache slots, fence them (generic to async proxy) and
+arrive on a named barrier, which the producer waits on before the tile's loads (the producer's 24
+registers cannot hold the copies' addresses: they spilled). Every tile that visits such a block
+writes them, with the same values (the tiles of one K/V head's query heads, query blocks, or
+split pieces), so no tile waits for another (FlashAttention-3 appends the same way,
+hopper/flash_fwd_kernel_sm90.h).
+"""
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass.cute.nvgpu import cpasync
+
+from fa4_kernels.ptx import prefetch_l1
+
+CHUNK_ROWS = 16  # rows per TMA box; page sizes are multiples of it
+VECTOR_BYTES = 16  # one append copy per lane and step
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """One sequence's view of the cache: where each CHUNK_ROWS-row box of a K/V block lives."""
+    page_table: cute.Tensor  # (batch, max_pages) int32
+    page_size: Int32  # rows per page, a multiple of CHUNK_ROWS
+    batch_idx: Int32
+    seqlen_k: Int32  # keys of this sequence: cached + appended
+    tile_n: cutlass.Constexpr[int]
+
+    @staticmethod
+    def capacity(page_table: cute.Tensor, page_size: Int32) -> Int32:
+        """Rows a sequence can hold: the bound of every K/V block range."""
+        return cute.size(page_table.shape[1]) * page_size
+
+    def slot_of(self, row: Int32):
+        """The page table column of sequence row ``row``: row // page_size by a shift, since paged
+        caches have power-of-two pages (checked on the host); a contiguous cache (one page per
+        sequence, of any length) always gets column 0 from the clamp. Divisions by a run-time
+        page size, and the values they keep, spilled the 24-register producer."""
+        shift = cute.arch.popc(self.page_size - 1)
+        return cutlass.min(row >> shift, cute.size(self.page_table.shape[1]) - 1)
+
+    def box(self, n_block: Int32, c: Int32):
+        """(page, box index inside the page) of box c of K/V block n_block. Arithmetic selects,
+        no branches: a box past the end reads page 0 at the first box past the page (zeros)."""
+        row = n_block * self.tile_n + c * CHUNK_ROWS
+        live = cutlass.min(cutlass.max(self.seqlen_k - row, 0), 1)
+        slot = self.slot_of(row)
+        entry = self.page_table[self.batch_idx, slot]
+        in_page = (row - slot * self.page_size) // CHUNK_ROWS
+        past_page = self.page_size // CHUNK_ROWS
+        return entry * live, in_page * live + past_page * (1 - live)
+
+    def prefetch(self, n_block: Int32):
+        """The page table entries of block n_block into L1 (issued before the wait for its stage,
+        so the lookups after it hit L1: the producer holds too few registers to carry a block's
+        page ids across the wait). One line holds 32 entries, more than a block spans."""
+        slot = self.slot_of(n_block * self.tile_n)
+        entry = self.page_table.iterator + cute.crd2idx((self.batch_idx, slot), self.page_table.layout)
+        prefetch_l1(entry.toint())
+
+    @cute.jit
+    def load_block(self, tma_atom: cute.CopyAtom, mT: cute.Tensor, head: Int32, s_stage: cute.Tensor,
+                   n_block: Int32, dim: cutlass.Constexpr[int], barrier):
+        """TMA loads of K or V block n_block into the (tile_n, dim) stage s_stage; mT is the
+        cache in the (page_size, dim, heads, pages) view, tma_atom's box CHUNK_ROWS x dim. A loop,
+        not unrolled: one box's page lookup live at a time (unrolled, the producer spilled).
+        Measured against one whole-block box for blocks inside one page and inside the sequence
+        (H200, decoding bf16 hd128, 32/8 heads, two rounds): the same GB/s to 2% at every batch
+        x length of fa4.bench --kvcache, with or without a third K/V stage; so one path."""
+        for c in cutlass.range(self.tile_n // CHUNK_ROWS, unroll=1):
+            page, in_page = self.box(n_block, c)
+            g = cute.local_tile(mT[None, None, head, page], (CHUNK_ROWS, dim), (in_page, 0))
+            s = cute.local_tile(s_stage, (CHUNK_ROWS, dim), (c, 0))
+            tS, tG = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                           cute.group_modes(g, 0, 2))
+            cute.copy(tma_atom, tG, tS, tma_bar_ptr=barrier)
+
+    @cute.jit
+    def append(self, mNew: cute.Tensor, mT: cute.Tensor, head: Int32, seqlen_new: Int32, first_row: Int32,
+               end_row: Int32, dim: cutlass.Constexpr[int], dtype: cutlass.Constexpr, thread: Int32,
+               num_threads: cutlass.Constexpr[int]):
+        """Copy the appended rows in [first_row, end_row) (sequence rows) of mNew ((seqlen_new,
+        dim, heads, batch) view) into the cache (mT: (page_size, dim, heads, pages)), one 16-byte
+        vector per thread and step over num_threads threads. The caller fences the writes."""
+        vec = VECTOR_BYTES * 8 // dtype.width
+        per_row = dim // vec
+        new_first = self.seqlen_k - seqlen_new  # the first appended row
+        lo = cutlass.max(first_row, new_first)
+        hi = cutlass.min(end_row, self.seqlen_k)
+        count = cutlass.max(hi - lo, 0) * per_row
+        for i in cutlass.range(thread, count, num_threads, unroll=1):
+            row = lo + i // per_row
+            col = i - (i // per_row) * per_row
+            slot = self.slot_of(row)
+            # A page id out of range (the caller's table is not checked on the device) is clamped:
+            # a wrong page, never an out-of-bounds write.
+            page = cutlass.min(cutlass.max(self.page_table[self.batch_idx, slot], 0), cute.size(mT.shape[3]) - 1)
+            src = cute.local_tile(mNew[None, None, head, self.batch_idx], (1, vec), (row - new_first, col))
+            dst = cute.local_tile(mT[None, None, head, page], (1, vec), (row - slot * self.page_size, col))
+            dst.store(src.load())

@@ -1,0 +1,232 @@
+"""fa4.attention_with_kvcache on CUDA: the kv_cache forward variants (src/fa4_kernels/kv_cache.py)
+against a float64 formula, within twice the error of SDPA's math backend in the input dtype, per
+sequence: contiguous caches (with cache_batch_idx) and paged ones (page sizes 16 to 256), cache
+lengths 0 and 1 and random ones, seqlen_q 1/2/7/128, GQA 1 to 16, with and without appended rows,
+windows and softcap, the decode's K/V split (pieces past a short sequence included). The append
+writes exactly its slots (the rest of the cache compared bit for bit), and slots past a sequence's
+end (inf, NaN) never reach its output; CUDA graphs replay with new lengths and tables;
+torch.compile keeps the cache mutation."""
+import math
+
+import pytest
+import torch
+
+import fa4
+from fa4 import _native
+from fa4.testing import lse_error, naive_attention, rel_error
+
+from ..conftest import requires_hopper
+from .test_fwd_gpu import poison_allocator, sdpa_math_error
+
+pytestmark = [pytest.mark.gpu, requires_hopper]
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def require_variant(dtype, d, dv, causal, window, softcap, seqlen_q=2):
+    """Skip where this build lacks the variant the call runs (a single causal query row runs the
+    unmasked one)."""
+    mask = "causal" if causal and seqlen_q > 1 else ("local" if window != (-1, -1) and not causal else "none")
+    name = (f"fa4_fwd_sm_90a_{DTYPE_NAMES[dtype]}_d{d}x{dv}_{mask}{'_softcap' if softcap else ''}_kvcache")
+    if name not in _native.variant_index():
+        pytest.skip(f"{name} is not in this build")
+
+
+def make_cache(b, capacity, hkv, d, dv, page_size, dtype, gen):
+    """(k_cache, v_cache, page_table, cache_batch_idx): paged with shuffled pages, or contiguous with
+    one spare row and shuffled rows."""
+    if page_size is None:
+        rows = b + 1
+        k = torch.randn(rows, capacity, hkv, d, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(rows, capacity, hkv, dv, device="cuda", dtype=dtype, generator=gen)
+        index = torch.randperm(rows, device="cuda", generator=gen)[:b].to(torch.int32)
+        return k, v, None, index
+    max_pages = -(-capacity // page_size)
+    num_pages = b * max_pages + 3
+    k = torch.randn(num_pages, page_size, hkv, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(num_pages, page_size, hkv, dv, device="cuda", dtype=dtype, generator=gen)
+    table = torch.randperm(num_pages, device="cuda", generator=gen)[:b * max_pages].reshape(b, max_pages)
+    return k, v, table.to(torch.int32).contiguous(), None
+
+
+def sequence_rows(cache, table, index, b, length):
+    """Rows 0..length-1 of sequence b of a (pages or rows, rows, heads, dim) cache."""
+    rows = torch.arange(length, device=cache.device)
+    if table is None:
+        return cache[int(index[b]), :length]
+    page = cache.shape[1]
+    return cache[table[b].long()[rows // page], rows % page]
+
+
+def poison_past_the_end(k, v, table, index, lengths):
+    """Slots past each sequence's end: inf inside its last 16-row page box (loaded, then masked in
+    the scores and zeroed in V: sm90/fwd.py clear_stale_v_rows), NaN after it (never loaded)."""
+    b = len(lengths)
+    page = k.shape[1]
+    capacity = page * (table.shape[1] if table is not None else 1)
+    for i in range(b):
+        rows = torch.arange(lengths[i], capacity, device=k.device)
+        if rows.numel() == 0:
+            continue
+        boxed = rows < -(-lengths[i] // 16) * 16
+        for t in (k, v):
+            value = torch.where(boxed, float("inf"), float("nan"))[:, None, None].to(t.dtype)
+            if table is None:
+                t[int(index[i]), rows] = value.expand(-1, t.shape[2], t.shape[3])
+            else:
+                t[table[i].long()[rows // page], rows % page] = value.expand(-1, t.shape[2], t.shape[3])
+
+
+def run(b, sq, hq, hkv, d, dv, lengths, seqlen_new, page_size, capacity, *, causal=True, window=(-1, -1),
+        softcap=0.0, dtype=torch.bfloat16, seed=0):
+    require_variant(dtype, d, dv, causal, window, softcap, sq)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k_cache, v_cache, table, index = make_cache(b, capacity, hkv, d, dv, page_size, dtype, gen)
+    final = [n + seqlen_new for n in lengths]
+    poison_past_the_end(k_cache, v_cache, table, index, final)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen)
+    k_new = v_new = None
+    if seqlen_new:
+        k_new = torch.randn(b, seqlen_new, hkv, d, device="cuda", dtype=dtype, generator=gen)
+        v_new = torch.randn(b, seqlen_new, hkv, dv, device="cuda", dtype=dtype, generator=gen)
+        for i, n in enumerate(lengths):  # the slots the append writes hold NaN until then
+            rows = torch.arange(n, n + seqlen_new, device="cuda")
+            for t in (k_cache, v_cache):
+                if table is None:
+                    t[int(index[i]), rows] = float("nan")
+                else:
+                    t[table[i].long()[rows // t.shape[1]], rows % t.shape[1]] = float("nan")
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    poison_allocator()
+    out, lse = fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new,
+                                          cache_batch_idx=index, page_table=table, causal=causal, window=window,
+                                          softcap=softcap, return_lse=True)
+    torch.cuda.synchronize()
+    # The append wrote exactly its slots.
+    expect_k, expect_v = before_k.clone(), before_v.clone()
+    if seqlen_new:
+        for i, n in enumerate(lengths):
+            rows = torch.arange(n, n + seqlen_new, device="cuda")
+            for t, new in ((expect_k, k_new), (expect_v, v_new)):
+                if table is None:
+                    t[int(index[i]), rows] = new[i]
+                else:
+                    t[table[i].long()[rows // t.shape[1]], rows % t.shape[1]] = new[i]
+    assert torch.equal(k_cache.view(torch.int16), expect_k.view(torch.int16)), "k_cache: wrong slots written"
+    assert torch.equal(v_cache.view(torch.int16), expect_v.view(torch.int16)), "v_cache: wrong slots written"
+    scale = 1 / math.sqrt(d)
+    for i, n in enumerate(final):
+        keys = sequence_rows(k_cache, table, index, i, n)[None]
+        values = sequence_rows(v_cache, table, index, i, n)[None]
+        ref_out, ref_lse = naive_attention(q[i:i + 1], keys, values, causal=causal, window=window, softcap=softcap)
+        err = rel_error(out[i:i + 1], ref_out)
+        if n == 0:
+            assert err == 0 and bool(torch.isneginf(lse[i]).all()), f"sequence {i} holds no key"
+            continue
+        base = sdpa_math_error(q[i:i + 1], keys, values, ref_out, causal, window, softcap, scale)
+        assert err <= 2 * base + 1e-4, f"sequence {i} ({n} keys): error {err:.3e} vs SDPA-math {base:.3e}"
+        assert lse_error(lse[i:i + 1], ref_lse) < 1e-3, f"sequence {i}: lse"
+    return out
+
+
+PAGES = [None, 16, 64, 128, 256]
+
+
+@pytest.mark.parametrize("page_size", PAGES)
+@pytest.mark.parametrize("seqlen_new", [0, 1])
+def test_decode_gqa_32_8(page_size, seqlen_new):
+    run(4, 1, 32, 8, 128, 128, [0, 1, 700, 2047], seqlen_new, page_size, 2304)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("page_size", [None, 64])
+def test_gqa_groups(group, page_size):
+    run(3, 1, 2 * group, 2, 128, 128, [5, 333, 1024], 1, page_size, 1536)
+
+
+@pytest.mark.parametrize("sq", [2, 7, 128])
+@pytest.mark.parametrize("page_size", [None, 16, 128])
+@pytest.mark.parametrize("append", [False, True])
+def test_queries_beyond_one(sq, page_size, append):
+    # Speculative verification / chunked prefill: causal, bottom-right aligned on each sequence.
+    run(3, sq, 8, 2, 128, 128, [0, 130, 900], sq if append else 0, page_size, 1280)
+
+
+@pytest.mark.parametrize("options", [dict(window=(100, 0), causal=False), dict(softcap=30.0),
+                                     dict(window=(64, 0), causal=False, softcap=20.0)])
+@pytest.mark.parametrize("sq", [1, 7])
+def test_window_and_softcap(options, sq):
+    run(2, sq, 8, 2, 128, 128, [300, 1111], sq, 64, 1280, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (192, 128), (192, 192), (256, 256)])
+def test_head_dims(dtype, dims):
+    run(2, 1, 8, 2, *dims, [77, 1000], 1, 64, 1024, dtype=dtype)
+    run(2, 3, 8, 2, *dims, [77, 1000], 3, None, 1024, dtype=dtype)
+
+
+def test_split_over_a_mostly_empty_cache():
+    # Few tiles: the decode's K/V range is split over the GPU, by pieces scaled onto each
+    # sequence; most pieces of the short sequence are empty.
+    run(1, 1, 16, 2, 128, 128, [3000], 1, None, 16384)
+    launch = _native.last_launch("fwd")
+    assert launch["tail_ctas"] > 0, launch
+    run(2, 1, 16, 2, 128, 128, [0, 9000], 1, 256, 16384)
+
+
+def test_cuda_graph_replays_with_new_lengths_and_tables():
+    require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    b, hq, hkv, d, page, max_pages = 2, 8, 2, 128, 64, 16
+    k_cache = torch.randn(b * max_pages, page, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.arange(b * max_pages, device="cuda", dtype=torch.int32).reshape(b, max_pages).contiguous()
+    seqlens = torch.tensor([10, 500], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, page_table=table)  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, page_table=table)
+    for lengths, order in (([10, 500], False), ([999, 3], True), ([0, 1024], False)):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        if order:
+            table.copy_(torch.flip(table, [0]))
+        graph.replay()
+        expect = fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, page_table=table)
+        assert torch.equal(out, expect), lengths
+
+
+def test_compile_keeps_the_append():
+    require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    b, hq, hkv, d, capacity = 2, 8, 2, 128, 512
+    k_cache = torch.randn(b, capacity, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_new = torch.randn(b, 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_new = torch.randn_like(k_new)
+    seqlens = torch.tensor([7, 300], dtype=torch.int32, device="cuda")
+
+    def step(q, k_cache, v_cache, seqlens, k_new, v_new):
+        return fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new) * 2
+
+    k_eager, v_eager = k_cache.clone(), v_cache.clone()
+    expect = step(q, k_eager, v_eager, seqlens, k_new, v_new)
+    got = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, seqlens, k_new, v_new)
+    assert torch.equal(got, expect)
+    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+def test_flash_attn_signature():
+    require_variant(torch.bfloat16, 128, 128, True, (-1, -1), 0.0)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    k_cache = torch.randn(2, 256, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(2, 4, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    seqlens = torch.tensor([40, 200], dtype=torch.int32, device="cuda")
+    out, lse = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                           return_softmax_lse=True)
+    expect, expect_lse = fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, causal=True, return_lse=True)
+    assert torch.equal(out, expect) and torch.equal(lse, expect_lse)
