@@ -588,6 +588,7 @@ struct KvCache {
   Tensor cache_seqlens;  // (batch,) int32
   Tensor k_new, v_new;   // (batch, seqlen_new, heads_kv, dim)
   int64_t seqlen_new = 0, page_size = 0, capacity = 0;
+  int64_t num_splits = 0;  // pieces per tile asked for (0: fa4_split_tail_ctas decides)
 };
 
 const char *score_mod_name(int32_t kind) {
@@ -691,7 +692,9 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
     // Static schedule: as many tiles as the kernel counts, each seeing every K/V block.
     int64_t num_tiles = b * (hq / packed) * ((sq + block_rows - 1) / block_rows);
     int64_t n_blocks = (sk + variant.tile_n - 1) / variant.tile_n;
-    tail_ctas = fa4_split_tail_ctas(num_tiles, dev.num_sms, n_blocks, (int32_t)dv, tune.split_tail);
+    tail_ctas = cache && cache->num_splits > 0
+                    ? fa4_split_ctas_for(num_tiles, dev.num_sms, n_blocks, cache->num_splits)
+                    : fa4_split_tail_ctas(num_tiles, dev.num_sms, n_blocks, (int32_t)dv, tune.split_tail);
   }
   phases.mark("schedule");
   Tensor semaphores = unused, partials = unused;
@@ -708,7 +711,7 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
     ns = view_of(semaphores);
     partials = empty({partial_words}, aoti_torch_dtype_float32(), device);
     partials_view = view_of(partials);
-  } else if (mask.kind != FA4_MASK_NONE || varlen) {  // the kernel claims tiles from a counter
+  } else if (!variant.split_tail) {  // a dynamic schedule: the kernel claims tiles from a counter
     ns = zeroed_counters(device, stream, {1}, &semaphores);
   }
   fa4_fwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, group, grid,
@@ -853,7 +856,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
                                        std::optional<Tensor> k_new, std::optional<Tensor> v_new,
                                        std::optional<Tensor> page_table, std::optional<Tensor> cache_batch_idx,
                                        double softmax_scale, bool causal, int64_t window_left,
-                                       int64_t window_right, double softcap, std::optional<bool> pack_gqa) {
+                                       int64_t window_right, double softcap, std::optional<bool> pack_gqa,
+                                       int64_t num_splits) {
   Phases phases("fwd_kvcache");
   check_qkv(q, k_cache, v_cache, 4, false);
   check_scalars(softmax_scale, softcap);
@@ -866,7 +870,9 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
   FA4_VALUE(cache_seqlens.dim() == 1 && cache_seqlens.size(0) == b, "cache_seqlens must hold one length per batch "
             "row (", b, "); got ", shape_text(cache_seqlens));
   FA4_VALUE(k_new.has_value() == v_new.has_value(), "k_new and v_new must be given together");
+  FA4_VALUE(num_splits >= 0, "num_splits must be >= 0 (0: fa4 chooses, 1: no split); got ", num_splits);
   KvCache cache;
+  cache.num_splits = num_splits;
   if (k_new) {
     const Tensor &kn = *k_new, &vn = *v_new;
     FA4_VALUE(kn.dim() == 4 && vn.dim() == 4 && kn.size(0) == b && vn.size(0) == b && kn.size(1) == vn.size(1) &&
@@ -892,9 +898,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
     FA4_VALUE(t.is_cuda() && t.get_device_index() == q.get_device_index(), "page_table must be on q's device");
     FA4_VALUE(t.size(0) == b && t.size(1) >= 1, "page_table must be (batch = ", b, ", max_pages >= 1); got ",
               shape_text(t));
-    FA4_VALUE(cache.page_size % 16 == 0 && (t.size(1) == 1 || (cache.page_size & (cache.page_size - 1)) == 0),
-              "a paged cache's page_size (k_cache.shape[1] = ", cache.page_size,
-              ") must be a power of two and a multiple of 16");
+    FA4_VALUE(fa4_kv_page_size(cache.page_size, t.size(1)) == 0, fa4_rules_error());
     cache.page_table = t.is_contiguous() ? t : torch::stable::contiguous(t);
   } else {
     FA4_VALUE(cache_batch_idx.has_value(), "give cache_batch_idx (contiguous cache) or page_table (paged cache)");
@@ -902,8 +906,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
     check_offsets(t, "cache_batch_idx", q);
     FA4_VALUE(t.dim() == 1 && t.size(0) == b, "cache_batch_idx must hold one cache row per batch row (", b,
               "); got ", shape_text(t));
-    FA4_VALUE(cache.page_size % 16 == 0, "a contiguous cache's seqlen (k_cache.shape[1] = ", cache.page_size,
-              ") must be a multiple of 16: pad the cache");
+    FA4_VALUE(fa4_kv_page_size(cache.page_size, -1) == 0, fa4_rules_error());
     Tensor column = t.is_contiguous() ? t : torch::stable::contiguous(t);
     cache.page_table = torch::stable::view(column, {b, 1});
   }
@@ -1044,7 +1047,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     dv_out = zeros(v_shape, io, device, elem, stream);
   }
   phases.mark("gradients");
-  int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, tune.bwd_rotate);
+  int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, num_n_blocks, dev.num_sms, main_v.tile_m,
+                                  main_v.tile_n, tune.bwd_rotate);
   int64_t counted_rows = varlen ? std::min(varlen->max_seqlen_q, sq) : sq;
   Tensor semaphores = unused_vector(device);
   fa4_tensor n_sem = unused_rank3(device);

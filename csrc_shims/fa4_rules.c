@@ -228,6 +228,37 @@ int32_t fa4_grid_size(int32_t num_sms, int32_t mask_kind, int32_t persistent_ove
   return persistent_override == 0 ? 0x7fffffff : num_sms;
 }
 
+/* ------------------------------------------------------------------------- KV cache */
+/* Rows per page of a KV cache (kv_cache.py). The kernel loads 16-row TMA boxes, each inside one
+ * page, and finds a row's page by a shift: a page holds a power-of-two multiple of 16 rows, or
+ * any multiple of 16 when each sequence has one page (a contiguous cache: its seqlen, padded).
+ * Run-time divisions by the page size spilled the 24-register producer of the hd192/hd256
+ * variants (integer, unsigned or fp32 reciprocal alike), so other page sizes go through
+ * fa4_kv_kernel_page_rows. Returns 0, or 1 with fa4_rules_error() naming the argument. */
+#define KV_BOX_ROWS 16
+int32_t fa4_kv_page_size(int64_t page_size, int64_t pages_per_sequence) {
+  if (page_size < KV_BOX_ROWS || page_size % KV_BOX_ROWS != 0) {
+    if (pages_per_sequence < 0)
+      return refuse("a contiguous cache's seqlen (k_cache.shape[1] = %lld) must be a multiple of %d: pad the cache",
+                    (long long)page_size, KV_BOX_ROWS);
+    return refuse("a paged cache's page_size (k_cache.shape[1] = %lld) must be a multiple of %d",
+                  (long long)page_size, KV_BOX_ROWS);
+  }
+  if (pages_per_sequence > 1 && (page_size & (page_size - 1)))
+    return refuse("fa4::fwd_kvcache reads pages of a power-of-two size (k_cache.shape[1] = %lld): call "
+                  "fa4.attention_with_kvcache, which reads other multiples of %d as %d-row pages",
+                  (long long)page_size, KV_BOX_ROWS, KV_BOX_ROWS);
+  return 0;
+}
+
+/* The page size the kernel reads a paged cache of page_size rows with (a multiple of 16): the
+ * page itself when a power of two, else its 16-row boxes as pages of their own (the caller
+ * views the cache as (num_pages * page_size / 16, 16, ...) and expands each page id p of the
+ * table into p * page_size / 16 + 0 .. page_size / 16 - 1; a small elementwise op per call). */
+int64_t fa4_kv_kernel_page_rows(int64_t page_size) {
+  return (page_size & (page_size - 1)) ? KV_BOX_ROWS : page_size;
+}
+
 /* ------------------------------------------------------------------------- split tail */
 /* Pieces of a split tile are at least MIN_PIECE_BLOCKS K/V blocks long. */
 #define MIN_PIECE_BLOCKS 2
@@ -256,6 +287,19 @@ int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks
   if (ctas <= tail) return 0; /* no more pieces than tiles: nothing to gain */
   if (override == FA4_AUTO && ceil_div(units, ctas) + fa4_split_overhead_blocks(head_dim_v) >= n_blocks) return 0;
   return (int32_t)ctas;
+}
+
+/* CTAs to split the last round over when the caller asks for num_splits pieces per tile
+ * (attention_with_kvcache's num_splits; 0 leaves it to fa4_split_tail_ctas): each of the round's
+ * tiles cut into num_splits pieces of about n_blocks / num_splits blocks, one CTA a piece, as far
+ * as the persistent grid (num_sms CTAs) and one block a piece go; 1 never splits. The CTAs take
+ * equal shares of the round's blocks, so a tile's pieces are num_splits, or num_splits + 1 where
+ * a share straddles two tiles. */
+int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int64_t num_splits) {
+  int64_t tail = num_tiles % num_sms;
+  if (num_splits <= 1 || tail == 0) return 0;
+  int64_t ctas = min64(min64(num_sms, tail * num_splits), tail * n_blocks);
+  return ctas > tail ? (int32_t)ctas : 0;
 }
 
 /* --------------------------------------------------------------------------- backward */
@@ -303,15 +347,33 @@ int32_t fa4_bwd_store_first(int32_t varlen, int64_t num_n_blocks, double blocks_
   return override == 1 || blocks_per_query_block <= STORE_FIRST_MAX_BLOCKS;
 }
 
-/* Whether the backward's K/V blocks start on query blocks of their own (no mask, default mode;
- * sm90/bwd.py): with store_first the blocks of a head would otherwise reach each query block
- * together and wait for its first store (H100, bf16 16k tokens, fwd+bwd, store_first without ->
- * with rotation: hd128 1k +2.1%, 4k +2.9%, 16k +2.7%; hd256 1k +4%, 4k +2.4%). On its own it
- * measured -1.3% to +1.4% (hd128 1k -1.3%, 16k -1.8%; hd256 +1.1-1.4%), so it goes with
- * store_first. Deterministic mode keeps the K/V-block order its turns follow. */
-int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int32_t override) {
-  if (mask_kind != FA4_MASK_NONE || deterministic) return 0;
-  return override == FA4_AUTO ? store_first : override;
+/* The backward's rotation (sm90/bwd.py, dq_order.py): 0 for none, else its period, the K/V blocks
+ * of a chunk starting on query blocks of their own (no mask). Default mode: with store_first the
+ * blocks of a head would otherwise reach each query block together and wait for its first store
+ * (H100, bf16 16k tokens, fwd+bwd, store_first without -> with rotation: hd128 1k +2.1%, 4k
+ * +2.9%, 16k +2.7%; hd256 1k +4%, 4k +2.4%). On its own it measured -1.3% to +1.4% (hd128 1k
+ * -1.3%, 16k -1.8%; hd256 +1.1-1.4%), so it goes with store_first; one chunk of all the blocks.
+ * Deterministic mode: the turns follow the rotation's arrival order instead of the K/V-block
+ * order, where block n waits n turns before its first addition. A CTA may then wait for a later
+ * CTA of its chunk, so a chunk must fit the GPU at once (at most num_sms blocks: one resident CTA
+ * per SM is the least any backward variant gets). Measured (H200, bf16 16k tokens, fwd+bwd
+ * TFLOP/s without a mask, ascending -> rotated turns, same run): tile_m = tile_n kernels gain
+ * where a head's blocks fit the GPU: hd64 (128 x 128) 1k 383 -> 437, 4k 469 -> 535, 16k 544 ->
+ * 553; hd256 (64 x 64) 1k 320 -> 375, 4k 392 -> 422; hd192 1k 292 -> 345, 4k 351 -> 394. hd128's
+ * 64 x 128 blocks lose (1k 468 -> 465, 4k 573 -> 561, 16k 613 -> 573; not understood: twice the
+ * query blocks per K/V block, so the arrivals at a query block are two steps apart), and chunks
+ * of a head too long for the GPU lose (16k: hd256 452 -> 431, hd192 405 -> 403): a chunk's first
+ * CTAs to launch wait for ones still queued behind the previous head. override 0 never, 1 in
+ * every unmasked call (chunks of num_sms). */
+int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
+                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override) {
+  if (mask_kind != FA4_MASK_NONE || override == 0 || num_n_blocks <= 0) return 0;
+  if (deterministic) {
+    if (num_sms <= 0) return 0;
+    if (override == 1) return (int32_t)min64(num_n_blocks, num_sms);
+    return num_n_blocks <= num_sms && tile_m == tile_n ? (int32_t)num_n_blocks : 0;
+  }
+  return (override == 1 || store_first) ? (int32_t)num_n_blocks : 0;
 }
 
 /* Query rows, from row 0, that see no key: with the bottom-right alignment row i's last key is

@@ -59,13 +59,20 @@ int32_t fa4_heads_per_group(int64_t l2_bytes, int64_t seqlen_k, int32_t head_dim
                             int64_t num_m_blocks, int32_t num_sms);
 int32_t fa4_grid_size(int32_t num_sms, int32_t mask_kind, int32_t persistent_override);
 int32_t fa4_split_overhead_blocks(int32_t head_dim_v);
+/* Rows per page of a KV cache (pages_per_sequence -1: a contiguous cache): 0, or 1
+ * (fa4_rules_error()) where the kernels cannot read it. */
+int32_t fa4_kv_page_size(int64_t page_size, int64_t pages_per_sequence);
+/* The page size the kernel reads a paged cache of page_size rows with. */
+int64_t fa4_kv_kernel_page_rows(int64_t page_size);
 int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
                             int32_t override);
+int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int64_t num_splits);
 
 double fa4_mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
 int32_t fa4_bwd_store_first(int32_t varlen, int64_t num_n_blocks, double blocks_per_query_block,
                             int32_t override);
-int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int32_t override);
+int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
+                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override);
 int64_t fa4_keyless_rows(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
 /* Rows of the backward's padded statistics: dense (num_seqs < 0) ceil(total_q / block) blocks,
  * packed sequences num_seqs + 1 blocks more (each sequence starts on a block). */

@@ -30,10 +30,11 @@ static const char *const schemas[] = {
     "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dscore)",
     /* Attention against a KV cache (fa4.attention_with_kvcache): k_new/v_new are written into the
        cache at cache_seqlens by the kernel, then attended to. Paged caches take page_table
-       (batch, max_pages), contiguous ones cache_batch_idx (batch,): one of the two. */
+       (batch, max_pages), contiguous ones cache_batch_idx (batch,): one of the two. num_splits:
+       pieces of each sequence's K/V range (0: fa4 chooses, 1: none). */
     "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? k_new=None, "
     "Tensor? v_new=None, Tensor? page_table=None, Tensor? cache_batch_idx=None, float softmax_scale=1.0, "
-    MASK_ARGS ", bool? pack_gqa=None) -> (Tensor out, Tensor lse)",
+    MASK_ARGS ", bool? pack_gqa=None, int num_splits=0) -> (Tensor out, Tensor lse)",
 };
 
 int32_t fa4_schema_count(void) { return (int32_t)(sizeof(schemas) / sizeof(schemas[0])); }

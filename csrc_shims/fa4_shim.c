@@ -233,10 +233,9 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
         (status = check_tensor("k_new", k_new, 4, 2, 1)) || (status = check_tensor("v_new", v_new, 4, 2, 1)))
       return status;
     int32_t ps = params->page_size;
-    if (ps != k->shape[1] || ps < 16 || ps % 16 != 0 || (page_table->shape[1] > 1 && (ps & (ps - 1))))
-      return fail(FA4_ERR_BAD_TENSOR, "kv cache: page_size %d must equal k's rows per page (%lld), be a "
-                  "multiple of 16, and a power of two when a sequence has several pages", ps,
-                  (long long)k->shape[1]);
+    if (ps != k->shape[1] || fa4_kv_page_size(ps, page_table->shape[1]))
+      return fail(FA4_ERR_BAD_TENSOR, "kv cache: page_size %d must equal k's rows per page (%lld) and be a "
+                  "multiple of 16, a power of two when a sequence has several pages", ps, (long long)k->shape[1]);
     if (page_table->shape[0] != q->shape[0] || page_table->stride[1] != 1 || !params->has_seqused_k ||
         seqused_k->shape[0] != q->shape[0] || params->seqlen_new < 0 ||
         (params->seqlen_new > 0 && (k_new->shape[0] != q->shape[0] || k_new->shape[1] != params->seqlen_new ||

@@ -7,7 +7,8 @@ land on all of them alike.
         [--head-dims 128 64 256] [--seqlens 1024 4096 16384] [--window 1024] [--group 4] [--hidden 4096]
         [--rounds 3] [--iters 10]
 
-Each positional argument is NAME:VAR=VALUE,... (an empty list: the defaults). Setup as
+Each positional argument is NAME:VAR=VALUE,... (an empty list: the defaults; ``deterministic=1``
+is not a variable but runs that setting's steps with ``deterministic=True``). Setup as
 fa4.bench (bf16, 16k tokens per batch, hidden 2048); TFLOP/s of fwd+bwd (3.5x the forward's
 FLOPs, useful FLOPs for the window row), the ratio of each setting to the first.
 """
@@ -49,7 +50,7 @@ def main():
         cases.append((128, tokens, False, args.window))
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     print("fwd+bwd TFLOP/s; " + ", ".join(f"{n} = {e or 'defaults'}" for n, e in args.settings))
-    keys = {k for _, e in args.settings for k in e}
+    keys = {k for _, e in args.settings for k in e} - {"deterministic"}
     for d, s, causal, window in cases:
         b, h = max(1, tokens // s), hidden // d
         win = (window, 0) if window else (-1, -1)
@@ -66,11 +67,15 @@ def main():
             return out
 
         def step_with(env):
+            env = dict(env)
+            deterministic = env.pop("deterministic", "0") == "1"
+
             def step(q, k, v, do):
                 for key in keys:
                     os.environ.pop(key, None)
                 os.environ.update(env)
-                return torch.autograd.grad(fa4.attention(q, k, v, causal=causal, window=win), (q, k, v), do)
+                return torch.autograd.grad(fa4.attention(q, k, v, causal=causal, window=win,
+                                                         deterministic=deterministic), (q, k, v), do)
             return step
         fns = {name: step_with(env) for name, env in args.settings}
         result = bench.time_providers(fns, make, flops, args, f"hd{d} s{s}")

@@ -6,7 +6,8 @@ the finished Q/dO stage (hd256). Each runs causal and local blocks whose query
 range starts and ends inside the sequence, several query blocks per CTA (the Q/dO rings and the
 dS/P stages wrap), GQA groups looped inside a CTA, softcap, the gradient through the returned
 LSE, packed sequences with partial last K/V blocks (row-predicated dK/dV stores), empty and
-one-row documents, keys cut by seqused_k, and deterministic mode (the dQ turn counters).
+one-row documents, keys cut by seqused_k, and deterministic mode (the dQ turn counters; without a
+mask in the rotated order).
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_backward.py [DIM ...]
 
@@ -36,7 +37,7 @@ def family(d, dv):
     q, k = (torch.randn(2, 300, 4, d, device=dev, dtype=bf16) for _ in range(2))
     v = torch.randn(2, 300, 4, dv, device=dev, dtype=bf16)
     for kwargs in ({}, {"causal": True}, {"window": (70, 9)}, {"softcap": 20.0, "causal": True},
-                   {"causal": True, "deterministic": True}):
+                   {"causal": True, "deterministic": True}, {"deterministic": True}):
         step(lambda q, k, v: fa4.attention(q, k, v, **kwargs), q, k, v)
     # GQA: 6 query heads on 2 K/V heads, seqlen_q != seqlen_k, gradient through the LSE.
     q = torch.randn(1, 333, 6, d, device=dev, dtype=bf16)
@@ -55,6 +56,9 @@ def family(d, dv):
     step(lambda q, k, v: fa4.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True), q, k, v)
     step(lambda q, k, v: fa4.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), seqused_k=used,
                                               window=(40, 40), deterministic=True), q, k, v)
+    # Without a mask, deterministic: rotated starts and arrival-order turns per sequence.
+    step(lambda q, k, v: fa4.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), deterministic=True),
+         q, k, v)
 
 
 DIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192x128": (192, 128), "192": (192, 192),

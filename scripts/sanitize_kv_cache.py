@@ -1,8 +1,9 @@
 """Small runs of the KV-cache forward for compute-sanitizer (memcheck, racecheck, synccheck):
 decoding with the split K/V range (pieces scaled onto short sequences, empty ones included),
-paged (16- and 64-row pages) and contiguous caches, appended rows written by the consumers and
-read by the producer's TMA after the KV_APPEND barrier, causal chunks of queries (dynamic
-schedule) with appends, and page ids past the cache (clamped: no access outside it).
+paged (16-, 48- and 64-row pages) and contiguous caches, appended rows written by the consumers
+and read by the producer's TMA after the KV_APPEND barrier, causal chunks of queries (static
+schedule, split like a decoding step) with appends, explicit split counts, a local window
+(dynamic schedule), and page ids past the cache (clamped: no access outside it).
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_kv_cache.py
 """
@@ -16,8 +17,8 @@ b, hq, hkv, d = 3, 16, 4, 128
 lengths = torch.tensor([0, 37, 1500], dtype=torch.int32, device=dev)
 q1 = torch.randn(b, 1, hq, d, device=dev, dtype=bf16)
 q7 = torch.randn(b, 7, hq, d, device=dev, dtype=bf16)
-for page in (16, 64):
-    max_pages = 2048 // page
+for page in (16, 48, 64):
+    max_pages = -(-2048 // page)
     k = torch.randn(b * max_pages + 1, page, hkv, d, device=dev, dtype=bf16)
     v = torch.randn_like(k)
     table = torch.randperm(b * max_pages, device=dev).to(torch.int32).reshape(b, max_pages)
@@ -26,6 +27,7 @@ for page in (16, 64):
         new = torch.randn(b, sq, hkv, d, device=dev, dtype=bf16)
         fa4.attention_with_kvcache(q, k, v, lengths, k_new=new, v_new=new, page_table=table)
         fa4.attention_with_kvcache(q, k, v, lengths, page_table=table, causal=False)
+        fa4.attention_with_kvcache(q, k, v, lengths, page_table=table, num_splits=5)
     bad = table.clone()
     bad[:, -1] = 1 << 20  # past the cache: clamped on the device
     fa4.attention_with_kvcache(q1, k, v, torch.full_like(lengths, 2047), page_table=bad)

@@ -177,8 +177,16 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
     dense = fwd_config(replace(key, kv_cache=False))
     # The epilogue's addresses per tile: held across the K/V loop, one of them spilled (hd128).
-    cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=False,
-                  epilogue_addresses_per_tile=key.head_dim_v <= 128)
+    # Causal too is scheduled statically with the split tail (sm90/fwd.py): speculative
+    # verification's few tiles then spread over the GPU like a decoding step's. The split's
+    # tiles store their LSE rows as the unmasked kernels do (the bulk copy is the dynamic ones').
+    # hd192x192's causal tiles rebuild the static schedule per tile: its split share, held
+    # across the role split, spilled both roles (17 words in the SASS); hd256's spill 6 words
+    # rebuilding it and none holding it (read off each variant's SASS).
+    cfg = replace(dense, tile_m=64, skip_dead_blocks=False,
+                  rebuild_schedule=key.head_dim_v == 192 and key.mask == "causal",
+                  epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=key.mask != "local",
+                  lse_bulk_store=key.mask == "local")
     return place_buffers(cfg, key.head_dim, key.head_dim_v)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fa4
-from fa4 import reference
+from fa4 import _native, reference
 from fa4.testing import naive_attention, rel_error, visible_keys
 
 from ..conftest import requires_hopper
@@ -249,6 +249,43 @@ def test_deterministic_mode_is_bitwise_reproducible(dims, mask):
     # The same gradients as the default mode, up to the order of dQ's fp32 additions.
     for a, b in zip(first, run(False)):
         assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+
+
+ROTATION_CASES = [((64, 64), 2, 1100, 1000), ((128, 128), 2, 1100, 1000), ((192, 192), 1, 300, 9000),
+                  ((256, 256), 2, 1100, 1000), ((256, 256), 1, 300, 9000)]
+
+
+@pytest.mark.parametrize("dims,batch,seqlen_q,seqlen_k", ROTATION_CASES,
+                         ids=[f"d{c[0][0]}-{c[2]}x{c[3]}" for c in ROTATION_CASES])
+def test_deterministic_rotated_turns(monkeypatch, dims, batch, seqlen_q, seqlen_k):
+    """Without a mask, deterministic mode may rotate the K/V blocks' starts and order each query
+    block's dQ additions by arrival (src/fa4_kernels/dq_order.py), in chunks the GPU holds at once
+    (forced here, FA4_BWD_ROTATE=1; 9000 keys: 141 blocks of 64, more than an H100's or H200's
+    132 SMs, so two chunks). Bitwise reproducible, and the gradients of the ascending turns
+    (FA4_BWD_ROTATE=0) up to the order of fp32 additions."""
+    d, dv = dims
+    q, k, v = qkv(batch, seqlen_q, seqlen_k, 4, 2, d, dv, torch.bfloat16)
+    dout = torch.randn(q.shape[:-1] + (dv,), device="cuda", dtype=q.dtype)
+
+    def run(rotate):
+        monkeypatch.setenv("FA4_BWD_ROTATE", rotate)
+        poison_allocator()
+        grads_ = grads(lambda q, k, v: fa4.attention(q, k, v, deterministic=True), (q, k, v), dout)
+        # The launch record is per thread (autograd's backward runs on its own): the op directly.
+        scale = d ** -0.5
+        out, lse = torch.ops.fa4.fwd(q, k, v, scale, False)
+        torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, False, deterministic=True)
+        return grads_, _native.last_launch("bwd")["rotate"]
+    rotated, period = run("1")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 0 < period <= sms
+    for _ in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(rotated, run("1")[0]))
+    ascending, none = run("0")
+    assert none == 0
+    for a, b in zip(rotated, ascending):
+        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+    assert not torch.equal(rotated[0], ascending[0])  # another order of additions: it did rotate
 
 
 def test_deterministic_mode_varlen_and_global_switch():

@@ -78,7 +78,7 @@ def poison_past_the_end(k, v, table, index, lengths):
 
 
 def run(b, sq, hq, hkv, d, dv, lengths, seqlen_new, page_size, capacity, *, causal=True, window=(-1, -1),
-        softcap=0.0, dtype=torch.bfloat16, seed=0):
+        softcap=0.0, dtype=torch.bfloat16, seed=0, num_splits=0):
     require_variant(dtype, d, dv, causal, window, softcap, sq)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     k_cache, v_cache, table, index = make_cache(b, capacity, hkv, d, dv, page_size, dtype, gen)
@@ -101,7 +101,7 @@ def run(b, sq, hq, hkv, d, dv, lengths, seqlen_new, page_size, capacity, *, caus
     poison_allocator()
     out, lse = fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new,
                                           cache_batch_idx=index, page_table=table, causal=causal, window=window,
-                                          softcap=softcap, return_lse=True)
+                                          softcap=softcap, num_splits=num_splits, return_lse=True)
     torch.cuda.synchronize()
     # The append wrote exactly its slots.
     expect_k, expect_v = before_k.clone(), before_v.clone()
@@ -130,7 +130,7 @@ def run(b, sq, hq, hkv, d, dv, lengths, seqlen_new, page_size, capacity, *, caus
     return out
 
 
-PAGES = [None, 16, 64, 128, 256]
+PAGES = [None, 16, 48, 64, 128, 256]  # 48: not a power of two
 
 
 @pytest.mark.parametrize("page_size", PAGES)
@@ -146,7 +146,7 @@ def test_gqa_groups(group, page_size):
 
 
 @pytest.mark.parametrize("sq", [2, 7, 128])
-@pytest.mark.parametrize("page_size", [None, 16, 128])
+@pytest.mark.parametrize("page_size", [None, 16, 80, 128])
 @pytest.mark.parametrize("append", [False, True])
 def test_queries_beyond_one(sq, page_size, append):
     # Speculative verification / chunked prefill: causal, bottom-right aligned on each sequence.
@@ -174,6 +174,23 @@ def test_split_over_a_mostly_empty_cache():
     launch = _native.last_launch("fwd")
     assert launch["tail_ctas"] > 0, launch
     run(2, 1, 16, 2, 128, 128, [0, 9000], 1, 256, 16384)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40, 1000])
+def test_explicit_split_counts(num_splits):
+    # 8 tiles (one per K/V head, 4 query heads packed): num_splits pieces each, within the grid.
+    run(1, 1, 32, 8, 128, 128, [2900], 1, 48, 6144, num_splits=num_splits)
+    launch = _native.last_launch("fwd")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert launch["tail_ctas"] == (0 if num_splits == 1 else min(8 * num_splits, sms)), launch
+
+
+@pytest.mark.parametrize("sq", [4, 8])
+def test_speculative_verification_splits(sq):
+    # A few causal query rows against a long cache: the same split as one token (static schedule).
+    run(1, sq, 32, 8, 128, 128, [7000], 0, 64, 8192)
+    assert _native.last_launch("fwd")["tail_ctas"] > 0
+    run(2, sq, 32, 8, 128, 128, [6001, 17], sq, None, 8192)
 
 
 def test_cuda_graph_replays_with_new_lengths_and_tables():

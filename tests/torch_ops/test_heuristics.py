@@ -192,6 +192,25 @@ def test_masks_that_hide_nothing_are_dropped():
     assert heuristics.effective_mask(resolve_mask(False, 10, 19), 21, 11).kind == "local"
 
 
+def test_explicit_split_counts_and_page_sizes():
+    # num_splits pieces per tile of the last round, one CTA each, within the grid and a block a piece.
+    assert heuristics.split_ctas_for(8, 132, 512, 4) == 32
+    assert heuristics.split_ctas_for(8, 132, 512, 1) == 0  # 1: never split
+    assert heuristics.split_ctas_for(8, 132, 512, 0) == 0  # 0 is split_tail_ctas's call, not this
+    assert heuristics.split_ctas_for(64, 132, 512, 4) == 132  # as far as the grid goes
+    assert heuristics.split_ctas_for(8, 132, 2, 4) == 16  # a block a piece at least
+    assert heuristics.split_ctas_for(264, 132, 512, 4) == 0  # no partial last round: nothing to split
+    assert heuristics.split_ctas_for(140, 132, 512, 2) == 16  # the last round's 8 tiles
+    for page, pages in ((16, 8), (64, 8), (256, 8), (48, 1), (80, None), (48, None)):
+        heuristics.check_kv_page_size(page, pages)
+    for page, pages, rule in ((8, 4, "paged cache's page_size .* multiple of 16"), (40, 4, "page_size"),
+                              (0, 4, "page_size"), (40, None, "contiguous cache's seqlen .* pad the cache"),
+                              (48, 2, "power-of-two size .* 16-row pages")):
+        with pytest.raises(ValueError, match=rule):
+            heuristics.check_kv_page_size(page, pages)
+    assert [heuristics.kv_kernel_page_rows(p) for p in (16, 48, 64, 80, 96, 256)] == [16, 16, 64, 16, 16, 256]
+
+
 def test_backward_store_first_and_rotation():
     assert heuristics.bwd_store_first(False, 32, 32)
     assert not heuristics.bwd_store_first(False, 128, 128)  # many K/V blocks per query block: claims cost
@@ -199,11 +218,20 @@ def test_backward_store_first_and_rotation():
     assert not heuristics.bwd_store_first(True, 8, 8)  # packed: rows outside sequences read as zeros
     assert not heuristics.bwd_store_first(False, heuristics.MAX_FIRST_STORE_BLOCKS, 8, override=True)  # 15 bits
     assert not heuristics.bwd_store_first(False, 8, 8, override=False)
-    assert heuristics.bwd_rotate("none", False, store_first=True)
-    assert not heuristics.bwd_rotate("none", False, store_first=False)  # it goes with the first store
-    assert heuristics.bwd_rotate("none", False, store_first=False, override=True)
-    assert not heuristics.bwd_rotate("causal", False, True) and not heuristics.bwd_rotate("none", True, True)
-    assert not heuristics.bwd_rotate("none", False, True, override=False)
+    # Default mode: one chunk of every K/V block, with the first store.
+    assert heuristics.bwd_rotate("none", False, store_first=True, num_n_blocks=256, num_sms=132) == 256
+    assert heuristics.bwd_rotate("none", False, False, 256, 132) == 0  # it goes with the first store
+    assert heuristics.bwd_rotate("none", False, False, 256, 132, override=True) == 256
+    assert heuristics.bwd_rotate("causal", False, True, 256, 132) == 0
+    assert heuristics.bwd_rotate("none", False, True, 256, 132, override=False) == 0
+    # Deterministic: square-block kernels whose head's blocks the GPU holds at once (the turns
+    # may wait for later CTAs); forced, chunks of at most one block per SM.
+    assert heuristics.bwd_rotate("none", True, False, 64, 132, tile=(64, 64)) == 64
+    assert heuristics.bwd_rotate("none", True, False, 64, 132, tile=(64, 128)) == 0  # measured slower
+    assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 64)) == 0  # a head too long
+    assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 128), override=True) == 132
+    assert heuristics.bwd_rotate("none", True, True, 64, 132, tile=(64, 64), override=False) == 0
+    assert heuristics.bwd_rotate("local", True, False, 64, 132) == 0
 
 
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 3)), (False, (-1, 7)),

@@ -33,7 +33,7 @@ def rows_of(cache, table, index, b, n):
     return cache[table[b].long()[r // cache.shape[1]], r % cache.shape[1]]
 
 
-@pytest.mark.parametrize("page_size", [None, 16, 32])
+@pytest.mark.parametrize("page_size", [None, 16, 32, 48])
 @pytest.mark.parametrize("sq,seqlen_new", [(1, 0), (1, 1), (3, 3), (5, 0)])
 @pytest.mark.parametrize("options", [dict(causal=True), dict(causal=False), dict(causal=False, window=(6, 1)),
                                      dict(causal=True, softcap=5.0)])
@@ -103,8 +103,15 @@ def test_argument_rules():
     with pytest.raises(ValueError, match="multiple of 16"):
         contiguous = torch.randn(2, 40, 2, 16, dtype=F64)
         call(q, contiguous, contiguous, lengths)
-    with pytest.raises(NotImplementedError, match="num_splits"):
-        call(q, k_cache, v_cache, lengths, page_table=table, num_splits=4)
+    k48, v48, table48, _ = caches(2, 96, 2, 16, 48)  # 48-row pages: the API reads them as 16-row ones
+    with pytest.raises(ValueError, match="power-of-two size .* fa4.attention_with_kvcache"):
+        torch.ops.fa4.fwd_kvcache(q, k48, v48, lengths, page_table=table48)
+    with pytest.raises(ValueError, match="rows contiguous across pages"):
+        call(q, k48.transpose(0, 1).contiguous().transpose(0, 1), v48, lengths, page_table=table48)
+    with pytest.raises(ValueError, match="num_splits must be >= 0"):
+        call(q, k_cache, v_cache, lengths, page_table=table, num_splits=-1)
+    assert torch.equal(call(q, k_cache, v_cache, lengths, page_table=table, num_splits=3),
+                       call(q, k_cache, v_cache, lengths, page_table=table))  # the CPU path does not split
     with pytest.raises(NotImplementedError, match="rotary"):
         fa4.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(1), cache_seqlens=lengths,
                                     block_table=table)

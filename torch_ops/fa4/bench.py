@@ -626,8 +626,9 @@ def main(argv=None):
                     help="also time short-query GQA against a long KV cache, pack-GQA on and off")
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[16],
                     help="batch sizes of the --gqa-decode cases")
-    ap.add_argument("--kvcache", action="store_true",
-                    help="decoding against a KV cache, contiguous and paged, beside SDPA and a device copy")
+    ap.add_argument("--decode", "--kvcache", dest="kvcache", action="store_true",
+                    help="attention against a KV cache: decoding (contiguous and paged, beside SDPA and a device "
+                         "copy), speculative verification, chunked prefill (beside cuDNN)")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--fa3-lib", default=None,
                     help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")

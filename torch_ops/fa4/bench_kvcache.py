@@ -1,4 +1,5 @@
-"""``python -m fa4.bench --kvcache``: decoding against a KV cache (fa4.attention_with_kvcache).
+"""``python -m fa4.bench --decode`` (or ``--kvcache``): attention against a KV cache
+(fa4.attention_with_kvcache): decoding, speculative verification and chunked prefill.
 
 One query token, bf16, head_dim 128, 32 query heads on 8 K/V heads, batch x cache length as in
 the serving issue. Reported as GB/s of K and V read (batch * length * heads_kv * (d + d_v) * 2
@@ -7,6 +8,11 @@ loop gets) and CUDA-graph replays (GPU time). Beside fa4 (contiguous cache; page
 64-row pages, the same memory seen through a shuffled page table; contiguous with one appended
 token), torch SDPA (default backend, enable_gqa) and a device copy of the same bytes (read +
 write over time), all in the same run.
+
+Speculative verification: 4 and 8 query tokens per sequence (causal, bottom-right: each sees the
+cache and the drafts before it), the same GB/s and its ratio to the one-token call. Chunked
+prefill: 2048 query tokens against a 32k cache, causal (bottom-right), TFLOP/s of the visible
+pairs, beside cuDNN on the same shape (SDPA, the lower-right causal bias) and fa4's dense forward.
 """
 from __future__ import annotations
 
@@ -59,6 +65,11 @@ def graph_ms(fn, iters: int, calls: int = 20) -> float:
     return statistics.median(times)
 
 
+def rate(moved: float, fn, iters: int) -> tuple[float, float]:
+    """(eager, graph) per second of ``moved`` (bytes or FLOPs) for one call of fn."""
+    return moved / (eager_ms(fn, iters) * 1e-3), moved / (graph_ms(fn, iters) * 1e-3)
+
+
 def providers(batch: int, length: int, dtype, heads_q=32, heads_kv=8, d=128):
     """name -> call, over one shared cache."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -87,6 +98,65 @@ def providers(batch: int, length: int, dtype, heads_q=32, heads_kv=8, d=128):
     return calls, 2 * k.numel() * k.element_size()
 
 
+def speculative(args, dtype, heads_q=32, heads_kv=8, d=128) -> None:
+    """Verification of 4 and 8 draft tokens against the one-token call, contiguous and paged 64."""
+    print("\nspeculative verification: GB/s of K+V read, eager | CUDA graph; (ratio to 1 token, graph)")
+    for batch, length in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        k = torch.randn(batch, length, heads_kv, d, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn_like(k)
+        full = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+        pages = batch * length // 64
+        table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(batch, -1)
+        kp, vp = k.view(pages, 64, heads_kv, d), v.view(pages, 64, heads_kv, d)
+        nbytes = 2 * k.numel() * k.element_size()
+        cells, one = [], {}
+        for tokens in (1, 4, 8):
+            q = torch.randn(batch, tokens, heads_q, d, device="cuda", dtype=dtype, generator=gen)
+            for name, fn in (("", lambda: fa4.attention_with_kvcache(q, k, v, full)),
+                             (" page64", lambda: fa4.attention_with_kvcache(q, kp, vp, full, page_table=table))):
+                eager, graph = rate(nbytes, fn, args.iters)
+                one.setdefault(name, graph)
+                cells.append(f"q{tokens}{name} {eager / 1e9:5.0f} | {graph / 1e9:5.0f} ({graph / one[name]:.2f})")
+        print(f"{batch:3d} x {length // 1024:4d}k  " + "   ".join(cells), flush=True)
+
+
+def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=8, d=128) -> None:
+    """A 2048-token chunk against a 32k cache (the chunk's keys its last 2048 rows), causal."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn(1, length, heads_kv, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn_like(k)
+    q = torch.randn(1, chunk, heads_q, d, device="cuda", dtype=dtype, generator=gen)
+    full = torch.full((1,), length, dtype=torch.int32, device="cuda")
+    pairs = chunk * (length - chunk) + chunk * (chunk + 1) // 2
+    flops = 4 * pairs * d * heads_q
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    bias = causal_lower_right(chunk, length)
+    calls = {
+        "fa4 kvcache": lambda: fa4.attention_with_kvcache(q, k, v, full),
+        "fa4 dense": lambda: fa4.attention(q, k, v, causal=True),
+    }
+    for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, enable_gqa=True)
+        calls[f"SDPA {name}"] = sdpa
+    print(f"\nchunked prefill: {chunk} query tokens against a {length // 1024}k cache, causal (bottom-right), "
+          "TFLOP/s eager | CUDA graph")
+    results = {}
+    for name, fn in calls.items():
+        try:
+            results[name] = rate(flops, fn, args.iters)
+            print(f"  {name:12s} {results[name][0] / 1e12:6.1f} | {results[name][1] / 1e12:6.1f}", flush=True)
+        except Exception as e:  # a backend may refuse the bias or GQA; say so
+            print(f"  {name:12s} failed: {type(e).__name__}: {str(e)[:100]}")
+    if "fa4 kvcache" in results and "SDPA cuDNN" in results:
+        print(f"  fa4 kvcache / cuDNN: {results['fa4 kvcache'][1] / results['SDPA cuDNN'][1]:.3f} (graph)")
+
+
 def run(args, dtype) -> None:
     print("\nKV-cache decoding: bf16 hd128, 32 query / 8 K/V heads, 1 query token; GB/s of K+V read "
           "(copy: read + write), eager back-to-back | CUDA graph")
@@ -104,3 +174,5 @@ def run(args, dtype) -> None:
         print(f"{batch:3d} x {length // 1024:4d}k  " + "   ".join(cells), flush=True)
         del calls
         torch.cuda.empty_cache()
+    speculative(args, dtype)
+    chunked_prefill(args, dtype)

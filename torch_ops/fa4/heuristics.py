@@ -60,9 +60,12 @@ def rules() -> ctypes.CDLL:
         "fa4_grid_size": (i32, [i32, i32, i32]),
         "fa4_split_overhead_blocks": (i32, [i32]),
         "fa4_split_tail_ctas": (i32, [i64, i32, i64, i32, i32]),
+        "fa4_split_ctas_for": (i32, [i64, i32, i64, i64]),
+        "fa4_kv_page_size": (i32, [i64, i64]),
+        "fa4_kv_kernel_page_rows": (i64, [i64]),
         "fa4_mean_visible_keys": (f64, [i64, i64, _Mask]),
         "fa4_bwd_store_first": (i32, [i32, i64, f64, i32]),
-        "fa4_bwd_rotate": (i32, [i32, i32, i32, i32]),
+        "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32]),
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
         "fa4_stats_rows": (i64, [i64, i32, i64]),
         "fa4_read_tuning": (i32, [ctypes.POINTER(_Tuning)]),
@@ -207,10 +210,14 @@ def bwd_store_first(varlen: bool, num_n_blocks: int, blocks_per_query_block: flo
     return bool(rules().fa4_bwd_store_first(int(varlen), num_n_blocks, blocks_per_query_block, _tri(override)))
 
 
-def bwd_rotate(mask: str, deterministic: bool, store_first: bool, override: bool | None = None) -> bool:
-    """Whether the backward's K/V blocks start on query blocks of their own (no mask, default mode)."""
-    return bool(rules().fa4_bwd_rotate(MASK_KINDS.index(mask), int(deterministic), int(store_first),
-                                       _tri(override)))
+def bwd_rotate(mask: str, deterministic: bool, store_first: bool, num_n_blocks: int, num_sms: int,
+               tile: tuple[int, int] = (128, 128), override: bool | None = None) -> int:
+    """The backward's rotation period (0: none): without a mask, K/V blocks start on query blocks
+    of their own, in chunks of this many blocks (src/fa4_kernels/dq_order.py). Deterministic mode
+    rotates only the (tile_m, tile_n) = ``tile`` kernels it measured faster on, and only where a
+    head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs."""
+    return rules().fa4_bwd_rotate(MASK_KINDS.index(mask), int(deterministic), int(store_first), num_n_blocks,
+                                  num_sms, tile[0], tile[1], _tri(override))
 
 
 def keyless_rows(seqlen_q: int, seqlen_k: int, mask: MaskSpec) -> int:
@@ -234,6 +241,26 @@ def split_tail_ctas(num_tiles: int, num_sms: int, n_blocks: int, head_dim_v: int
     """CTAs to split the static schedule's last round of tiles over (0: no split); ``override``
     False never splits, True splits whenever pieces can outnumber the tiles."""
     return rules().fa4_split_tail_ctas(num_tiles, num_sms, n_blocks, head_dim_v, _tri(override))
+
+
+def split_ctas_for(num_tiles: int, num_sms: int, n_blocks: int, num_splits: int) -> int:
+    """CTAs to split the last round over when the caller asks for ``num_splits`` pieces per tile
+    (attention_with_kvcache): as far as the grid and one block a piece go; 1 never splits."""
+    return rules().fa4_split_ctas_for(num_tiles, num_sms, n_blocks, num_splits)
+
+
+def check_kv_page_size(page_size: int, pages_per_sequence: int | None) -> None:
+    """Raise ValueError naming the rule where fa4::fwd_kvcache cannot read a KV cache's pages of
+    ``page_size`` rows (``pages_per_sequence`` None: a contiguous cache, one page of its seqlen)."""
+    if rules().fa4_kv_page_size(page_size, -1 if pages_per_sequence is None else pages_per_sequence):
+        raise ValueError(_error())
+
+
+def kv_kernel_page_rows(page_size: int) -> int:
+    """The page size the kernel reads a paged cache of ``page_size`` rows (a multiple of 16) with:
+    the page itself when a power of two, else its 16-row boxes (attention_with_kvcache expands
+    the page table)."""
+    return rules().fa4_kv_kernel_page_rows(page_size)
 
 
 def packing_family(heads_q: int, heads_kv: int, tile_m: int, built: dict[str, int]) -> str:

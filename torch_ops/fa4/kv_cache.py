@@ -24,9 +24,11 @@ _FWD_KVCACHE = torch.ops.fa4.fwd_kvcache.default
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, softmax_scale, causal,
-           window_left, window_right, softcap, pack_gqa):
+           window_left, window_right, softcap, pack_gqa, num_splits):
     """The shape and dtype rules (also those of fa4_ops.cpp's fwd_kvcache) -> the mask."""
     check_qkv(q, k_cache, v_cache, same_batch=False)
+    if num_splits < 0:
+        raise ValueError(f"num_splits must be >= 0 (0: fa4 chooses, 1: no split); got {num_splits}")
     check_scalars(softmax_scale, softcap)
     check_pack_gqa(pack_gqa, q.shape[2], k_cache.shape[2])
     b = q.shape[0]
@@ -53,27 +55,22 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_b
         if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b:
             raise ValueError(f"page_table must be a (batch = {b}, max_pages) torch.int32 tensor; got "
                              f"{page_table.dtype} {tuple(page_table.shape)}")
-        page = k_cache.shape[1]
-        if page % 16 or (page_table.shape[1] > 1 and page & (page - 1)):
-            raise ValueError(f"a paged cache's page_size (k_cache.shape[1] = {page}) must be a power of two and a "
-                             "multiple of 16")
+        heuristics.check_kv_page_size(k_cache.shape[1], page_table.shape[1])
     else:
         if cache_batch_idx is None:
             raise ValueError("give cache_batch_idx (contiguous cache) or page_table (paged cache)")
         if cache_batch_idx.dtype != torch.int32 or cache_batch_idx.dim() != 1 or cache_batch_idx.shape[0] != b:
             raise ValueError(f"cache_batch_idx must be a (batch = {b},) torch.int32 tensor")
-        if k_cache.shape[1] % 16:
-            raise ValueError(f"a contiguous cache's seqlen (k_cache.shape[1] = {k_cache.shape[1]}) must be a "
-                             "multiple of 16: pad the cache")
+        heuristics.check_kv_page_size(k_cache.shape[1], None)
     return heuristics.resolve_mask(causal, window_left, window_right)
 
 
 @torch.library.register_fake("fa4::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, page_table=None,
                       cache_batch_idx=None, softmax_scale=1.0, causal=False, window_left=-1, window_right=-1,
-                      softcap=0.0, pack_gqa=None):
+                      softcap=0.0, pack_gqa=None, num_splits=0):
     _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, softmax_scale, causal,
-           window_left, window_right, softcap, pack_gqa)
+           window_left, window_right, softcap, pack_gqa, num_splits)
     return ops._empty_outputs(q, v_cache)
 
 
@@ -98,9 +95,9 @@ def _rows(b: int, length: int, page_table, cache_batch_idx, k_cache):
 @torch.library.impl("fa4::fwd_kvcache", "CPU")
 def _fwd_kvcache_cpu(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, page_table=None,
                      cache_batch_idx=None, softmax_scale=1.0, causal=False, window_left=-1, window_right=-1,
-                     softcap=0.0, pack_gqa=None):
+                     softcap=0.0, pack_gqa=None, num_splits=0):
     mask = _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, softmax_scale,
-                  causal, window_left, window_right, softcap, pack_gqa)
+                  causal, window_left, window_right, softcap, pack_gqa, num_splits)
     out, lse = ops._empty_outputs(q, v_cache)
     capacity = k_cache.shape[1] * (page_table.shape[1] if page_table is not None else 1)
     seqlen_new = 0 if k_new is None else k_new.shape[1]
@@ -118,6 +115,35 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None,
         o, row_lse = reference.attention_forward(q[b:b + 1], keys, values, softmax_scale, softcap, mask)
         out[b], lse[b] = o[0], row_lse[0]
     return out, lse
+
+
+@torch._dynamo.assume_constant_result  # a ctypes call into the rules: run at graph capture
+def _kernel_page_rows(page_size: int) -> int:
+    return heuristics.kv_kernel_page_rows(page_size)
+
+
+def _kernel_pages(k_cache, v_cache, page_table):
+    """The cache and table as the kernel reads them (heuristics.kv_kernel_page_rows): pages of a
+    power-of-two size as they are; other multiples of 16 as 16-row pages, the cache viewed as
+    (num_pages * boxes, 16, heads, dim) and page id p of the table expanded into p * boxes + 0 ..
+    boxes - 1 (one small op per call; writes through the views land in the caller's cache)."""
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or page_table.dim() != 2 or k_cache.shape[1] % 16:
+        return k_cache, v_cache, page_table  # the op names what is wrong
+    page = k_cache.shape[1]
+    rows = _kernel_page_rows(page)
+    if rows == page or page_table.shape[1] == 1:
+        return k_cache, v_cache, page_table
+    boxes = page // rows
+    views = []
+    for t in (k_cache, v_cache):
+        if t.stride(0) != page * t.stride(1):
+            raise ValueError(f"a cache of {page}-row pages (not a power of two) must have its rows contiguous "
+                             f"across pages (stride(0) == page_size * stride(1)); got strides {t.stride()}")
+        views.append(t.as_strided((t.shape[0] * boxes, rows) + t.shape[2:], (rows * t.stride(1),) + t.stride()[1:],
+                                  t.storage_offset()))
+    offsets = torch.arange(boxes, dtype=page_table.dtype, device=page_table.device)
+    table = (page_table[:, :, None] * boxes + offsets).reshape(page_table.shape[0], -1)
+    return views[0], views[1], table
 
 
 _IDENTITY: dict[torch.device, torch.Tensor] = {}
@@ -146,23 +172,26 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     int, the keys each sequence holds before the call. ``k_new``/``v_new``: (batch, seqlen_new,
     heads_kv, d[_v]), written into the cache at cache_seqlens (the caller advances cache_seqlens
     afterwards). ``causal``/``window``: bottom-right aligned on each sequence (a single query
-    token sees its whole sequence). ``num_splits``: 0 or 1; fa4 splits a decode's K/V range over
-    the GPU by itself (1 is accepted and changes nothing yet). Returns out (batch, seqlen_q,
+    token sees its whole sequence). ``num_splits``: 0 lets fa4 cut each sequence's K/V range
+    into pieces over the GPU when its tiles would not fill it; 1 never splits; n > 1 cuts every
+    tile of the schedule's last round into n pieces (n + 1 where a CTA's share straddles two
+    tiles), as far as one piece per SM and one K/V block per piece go (without a mask or causal
+    only; a local window runs unsplit). Returns out (batch, seqlen_q,
     heads_q, d_v), and lse (batch, heads_q, seqlen_q) fp32 with ``return_lse``. Inference only:
     no gradient flows through the cache."""
     if q.dim() != 4:
         raise ValueError(f"q must be (batch, seqlen_q, heads_q, head_dim); got {tuple(q.shape)}")
-    if num_splits not in (0, 1):
-        raise NotImplementedError(f"num_splits={num_splits}: fa4 chooses the K/V split itself; pass 0")
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     if page_table is None and cache_batch_idx is None:
         cache_batch_idx = _identity_rows(q.shape[0], q.device)
+    if page_table is not None:
+        k_cache, v_cache, page_table = _kernel_pages(k_cache, v_cache, page_table)
     window_left, window_right = window
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out, lse = _FWD_KVCACHE(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx,
                             float(scale), bool(causal), int(window_left), int(window_right), float(softcap or 0.0),
-                            pack_gqa)
+                            pack_gqa, int(num_splits))
     return (out, lse) if return_lse else out
 
 

@@ -36,15 +36,19 @@ reach a query block stores its dQ parts there (TMA store), and the others add th
 store has landed. In deterministic mode the first is the block whose turn is 0; otherwise the
 writers claim the block in its counter (``mdQsemaphore``: claims in the high 16 bits, landed
 first stores in the low ones), and a writer that is not first waits for the first one's store.
-Without a mask every K/V block visits every query block, and with ``rotate`` CTA n starts at
-query block n * blocks / n_blocks and wraps around: the K/V blocks of a head then work on
-different query blocks at any time (rather than all on the same one, one after the other), so a
-block's first store has long landed when the next K/V block arrives.
+Without a mask every K/V block visits every query block, and with ``rotate`` (a period, 0: none)
+CTA n starts at query block n * blocks / n_blocks and wraps around (dq_order: in chunks of
+``rotate`` blocks): the K/V blocks of a head then work on different query blocks at any time
+(rather than all on the same one, one after the other), so a block's first store has long
+landed when the next K/V block arrives.
 
 Deterministic mode (a run-time flag): the additions into a query block's dQ rows happen in
 K/V-block order. Each (batch, head, query block) has a counter in ``mdQsemaphore`` (zero at
 launch); the CTA of K/V block n (its dQ writer) waits until the counter reaches its turn
-(dq_turn), adds, waits for its addition to land, and increments it. The turns follow the launch
+(dq_turn), adds, waits for its addition to land, and increments it. Without a mask and with
+``rotate``, the turns are each query block's arrival order under the rotation (dq_order: no
+block waits for one behind it; the host keeps a rotation chunk no larger than the GPU holds,
+so the later blocks a CTA may wait for are resident). Otherwise the turns follow the launch
 order (the grid's x), so a CTA never waits for one launched after it and the chain cannot
 deadlock: ascending
 without a mask (every block's range starts at query block 0), descending with a causal or
@@ -73,6 +77,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks
+from fa4_kernels.dq_order import rotated_turn, rotation_start
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
@@ -279,7 +284,7 @@ class FlashAttentionBackwardSm90:
         num_n_blocks: Int32,  # K/V blocks of the longest sequence (the grid's x)
         has_seqused_k: Int32,
         deterministic: Int32,
-        rotate: Int32,  # 1: without a mask, each CTA's query blocks start at its own one (see module doc)
+        rotate: Int32,  # >0: without a mask, the rotation's period (dq_order; 0: none; see module doc)
         store_first: Int32,  # 1: mdQaccum is not zeroed; the first K/V block stores (module doc)
         stream: cuda.CUstream,
     ):
@@ -513,9 +518,17 @@ class FlashAttentionBackwardSm90:
                               seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
                               sparse_tables)
                 if warp_idx == DQ_WRITER_WARP:
-                    self.write_dq(mdQ, sdQ_parts, tma_atom_dQ, tma_atom_dQ_store, mdQsemaphore, deterministic,
-                                  store_first, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min,
-                                  m_block_max, start, pipeline_q, pipeline_do, sparse_tables)
+                    write_dq = lambda rotated: self.write_dq(  # noqa: E731
+                        mdQ, sdQ_parts, tma_atom_dQ, tma_atom_dQ_store, mdQsemaphore, deterministic, store_first,
+                        rotate, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
+                        pipeline_q, pipeline_do, sparse_tables, rotated)
+                    if const_expr(self.is_causal or self.is_local or self.block_sparse):
+                        write_dq(False)
+                    else:
+                        if deterministic != 0 and rotate != 0:
+                            write_dq(True)
+                        else:
+                            write_dq(False)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
@@ -539,11 +552,12 @@ class FlashAttentionBackwardSm90:
     def first_query_block(self, seq: SeqlenInfo, n_block: Int32, m_block_min: Int32, m_block_max: Int32,
                           rotate: Int32):
         """How far into its query range [m_block_min, m_block_max) this CTA starts (``rotate``,
-        no mask: K/V block n of N at n / N of the way round; see the module doc)."""
+        no mask: K/V block n of a chunk of N at n / N of the way round; see dq_order)."""
         start = Int32(0)
         if const_expr(not (self.is_causal or self.is_local or self.block_sparse)):
             if rotate != 0:
-                start = n_block * (m_block_max - m_block_min) // cute.ceil_div(seq.seqlen_k, self.tile_n)
+                start = rotation_start(n_block, cute.ceil_div(seq.seqlen_k, self.tile_n), m_block_max - m_block_min,
+                                       rotate)
         return start
 
     @cute.jit
@@ -656,19 +670,24 @@ class FlashAttentionBackwardSm90:
     # ---------------------------------------------------------- deterministic dQ order
     @cute.jit
     def dq_turn(self, mdQsemaphore: cute.Tensor, block_info: BlockInfo, seq: SeqlenInfo, n_block: Int32,
-                head: Int32, batch_idx: Int32, m_block: Int32):
+                head: Int32, batch_idx: Int32, m_block: Int32, rotation=None):
         """(counter address, this K/V block's turn) of a query block's deterministic dQ order,
         or a turn of -1 where the counters do not reach (a query block past the host's
         max_seqlen_q: unordered then, never out of bounds). The K/V blocks holding the query
         block take turns in their launch order: ascending without a mask, descending with one
-        (see kernel)."""
+        (see kernel); with ``rotation`` (rotate, m_block_min, m_block_max; no mask), in their
+        arrival order (dq_order)."""
         turn = Int32(-1)
         index = cutlass.Int64(0)
         if m_block < mdQsemaphore.shape[2]:
             if const_expr(self.is_causal or self.is_local):
                 turn = block_info.last_n_block_of(seq.seqlen_q, seq.seqlen_k, m_block) - n_block
-            else:
+            elif const_expr(rotation is None):
                 turn = n_block - block_info.first_n_block_of(seq.seqlen_q, seq.seqlen_k, m_block)
+            else:
+                rotate, m_block_min, m_block_max = rotation
+                turn = rotated_turn(n_block, m_block - m_block_min, cute.ceil_div(seq.seqlen_k, self.tile_n),
+                                    m_block_max - m_block_min, rotate)
             index = cutlass.Int64(cute.crd2idx((batch_idx, head, m_block), mdQsemaphore.layout))
         return mdQsemaphore.iterator + index, turn
 
@@ -738,6 +757,7 @@ class FlashAttentionBackwardSm90:
         mdQsemaphore: cute.Tensor,
         deterministic: Int32,
         store_first: Int32,
+        rotate: Int32,
         block_info: BlockInfo,
         seq: SeqlenInfo,
         n_block: Int32,
@@ -750,18 +770,22 @@ class FlashAttentionBackwardSm90:
         pipeline_q: pipeline.PipelineAsync,
         pipeline_do: pipeline.PipelineAsync,
         sparse_tables,
+        rotated: cutlass.Constexpr[bool],
     ):
         """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add), or with
         store_first stores them where this CTA is the block's first (claim_dq_block, or turn 0);
         in deterministic mode in its K/V-block turn, each addition complete before the next turn.
         "tma": from the staging buffer, handed back per part (DQ_EMPTY); "stage": from the
-        block's Q/dO stage, handed back to the producer once the reduce-adds have read it."""
+        block's Q/dO stage, handed back to the producer once the reduce-adds have read it.
+        ``rotated``: deterministic turns in the rotation's arrival order (dq_order); the kernel
+        picks an instance per call, since the rotated turns' arithmetic beside the default mode's
+        claims spilled the 24-register writer."""
         sync = THREADS_PER_WG + cute.arch.WARP_SIZE
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         claims = store_first != 0 and deterministic == 0
-        if const_expr(self.block_sparse):
-            claims = False  # zero-and-add only
+        if const_expr(self.block_sparse or rotated):
+            claims = False  # zero-and-add only; deterministic
         claim = Int32(0)  # the claim on the block the loop is at (claim_dq_block)
         if claims:
             claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group, batch_idx,
@@ -779,7 +803,8 @@ class FlashAttentionBackwardSm90:
                         # The previous block's reduce-add of this part has read shared memory.
                         cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
                         cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
-                counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
+                counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block,
+                                             (rotate, m_block_min, m_block_max) if const_expr(rotated) else None)
                 first = Int32(0)  # 1: store the parts (the accumulator's first write), not add them
                 if deterministic != 0:
                     if lane == 0:

@@ -141,8 +141,11 @@ class FlashAttentionForwardSm90:
         self.rescale_threshold = rescale_threshold
         self.num_consumer_wg = tile_m // ROWS_PER_WG
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
-        # Masked tiles and packed sequences differ in length: balance them dynamically.
-        self.dynamic_schedule = is_causal or is_local or is_varlen or block_sparse
+        # Masked tiles and packed sequences differ in length: balance them dynamically. Causal
+        # tiles against a KV cache go out statically instead, so that the split tail can spread
+        # a few query rows' long K/V range over the GPU (speculative verification: as few tiles
+        # as a decoding step); their lengths differ by at most the query chunk's own keys.
+        self.dynamic_schedule = (is_causal and not kv_cache) or is_local or is_varlen or block_sparse
         # Equal tiles go out statically; the last round's tiles may then be split into pieces
         # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
         self.split_tail = split_tail
