@@ -117,9 +117,15 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None,
     return out, lse
 
 
+_PAGE_ROWS: dict[int, int] = {}
+
+
 @torch._dynamo.assume_constant_result  # a ctypes call into the rules: run at graph capture
 def _kernel_page_rows(page_size: int) -> int:
-    return heuristics.kv_kernel_page_rows(page_size)
+    rows = _PAGE_ROWS.get(page_size)  # not a ctypes call on every eager call
+    if rows is None:
+        rows = _PAGE_ROWS[page_size] = heuristics.kv_kernel_page_rows(page_size)
+    return rows
 
 
 def _kernel_pages(k_cache, v_cache, page_table):
