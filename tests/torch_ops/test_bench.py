@@ -104,3 +104,19 @@ def test_plot_writes_a_figure(tmp_path):
     path = tmp_path / "bench.png"
     plot_rows(rows, ["fa4", "cuDNN"], str(path))
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_context_parallel_report_ratios_and_efficiency(capsys):
+    from fa4 import bench_cp
+
+    # 32k causal: fa4 100 ms on one GPU, 60 ms in the ring of two; cuDNN 120 / 75; cuDNN's ring failed at 64k.
+    bench_cp._report([(32768, True, {"fa4 1 GPU": 100.0, "fa4 ring": 60.0, "cuDNN 1 GPU": 120.0, "cuDNN ring": 75.0}),
+                      (65536, False, {"fa4 1 GPU": 400.0, "fa4 ring": 210.0, "cuDNN 1 GPU": 480.0,
+                                      "cuDNN ring": None})], world=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 32k") or
+             line.startswith("| 64k")]
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[2].startswith("328 ") and cells[4].startswith("546 ")  # 32768 tokens / 0.1 s, / 0.06 s
+    assert cells[6:] == ["1.25", "83.3%", "80.0%"]  # 75 / 60; 100 / (2 * 60); 120 / (2 * 75)
+    cells = [c.strip() for c in lines[1].strip("|").split("|")]
+    assert cells[5:] == ["n/a", "n/a", "95.2%", "n/a"]

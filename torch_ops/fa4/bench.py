@@ -8,6 +8,7 @@
     python -m fa4.bench --flex-docs 8         # documents and a window through FlexAttention's API
     python -m fa4.bench --flex-sparse         # a random block-sparse mask_mod (fa4's bitmask path)
     python -m fa4.bench --flex-score          # in-kernel score_mods (alibi, a learned relative bias) + causal
+    python -m fa4.bench --context-parallel    # ring attention over every visible GPU, fa4 vs cuDNN (bench_cp)
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -629,6 +630,13 @@ def main(argv=None):
     ap.add_argument("--decode", "--kvcache", dest="kvcache", action="store_true",
                     help="attention against a KV cache: decoding (contiguous and paged, beside SDPA and a device "
                          "copy), speculative verification, chunked prefill (beside cuDNN)")
+    ap.add_argument("--context-parallel", action="store_true",
+                    help="ring attention (torch's context_parallel) over every visible GPU against one GPU, fa4 and "
+                         "cuDNN as SDPA's kernels (needs two GPUs or more)")
+    ap.add_argument("--cp-seqlens", type=positive_int, nargs="+", default=[32768, 65536, 131072],
+                    help="sequence lengths of the --context-parallel cases")
+    ap.add_argument("--cp-iters", type=positive_int, default=3,
+                    help="timed steps per --context-parallel case and provider (a 128k step takes seconds)")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--fa3-lib", default=None,
                     help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")
@@ -651,6 +659,11 @@ def main(argv=None):
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
     if args.host:
         bench_host.report(args.head_dims[0][0])
+        return
+    if args.context_parallel:
+        from fa4 import bench_cp
+
+        bench_cp.run(args)
         return
     if args.kvcache:
         from fa4 import bench_kvcache

@@ -72,3 +72,32 @@ def rising_scores(batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_
     k[..., 0] = 2.5 * (head_dim / 128) ** 0.5 * ramp[None, :, None]
     v = torch.randn(batch, seqlen_k, heads_k, head_dim_v, device=device, generator=generator)
     return q, k, v
+
+
+def run_in_process_group(worker, world_size: int, backend: str, *args) -> list:
+    """``[worker(rank, world_size, *args) for each rank]``, each call in a fresh process joined in
+    one default process group of ``backend`` ("nccl": rank r uses GPU r; "gloo": CPU). ``worker``
+    must be a module-level function returning something picklable (the processes are spawned, not
+    forked: CUDA needs that). A worker that raises fails the call with its traceback."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as rendezvous, mp.get_context("spawn").Manager() as manager:
+        returned = manager.dict()
+        mp.spawn(_group_main, args=(world_size, backend, f"{rendezvous}/store", worker, args, returned),
+                 nprocs=world_size, join=True)
+        return [returned[rank] for rank in range(world_size)]
+
+
+def _group_main(rank, world_size, backend, store_file, worker, args, returned):
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store_file}", rank=rank, world_size=world_size,
+                            device_id=torch.device("cuda", rank) if backend == "nccl" else None)
+    try:
+        returned[rank] = worker(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
