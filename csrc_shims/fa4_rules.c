@@ -278,6 +278,16 @@ int32_t fa4_split_overhead_blocks(int32_t head_dim_v) { return head_dim_v <= 128
  * shortens that round from n_blocks to about tail * n_blocks / num_sms blocks plus
  * fa4_split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile is
  * split this way. override 0 never splits, 1 splits whenever pieces can outnumber the tiles. */
+/* Where the grid holds two pieces or more per tile, a multiple of the tiles: CTAs take equal
+ * shares of the round's blocks, so any other count leaves shares straddling two tiles, and each
+ * straddling CTA computes (and its tiles' last arrivals merge) one more partial result, which
+ * costs more than the few SMs the rounding leaves idle. H100, three runs of `python -m fa4.bench
+ * --sweep` (CUDA-graph time, decoding hd128 32/8, 132 -> 128 CTAs): 8 x 4k 3.4-4.4% faster,
+ * 8 x 32k 1.6-2.0%, 1 x 32k 1.1-2.5%. */
+static int32_t whole_pieces(int64_t ctas, int64_t tail) {
+  return (int32_t)(ctas >= 2 * tail ? ctas - ctas % tail : ctas);
+}
+
 int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
                             int32_t override) {
   int64_t tail = num_tiles % num_sms; /* all of them when there are fewer tiles than SMs */
@@ -286,20 +296,20 @@ int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks
   int64_t ctas = min64(num_sms, units / MIN_PIECE_BLOCKS);
   if (ctas <= tail) return 0; /* no more pieces than tiles: nothing to gain */
   if (override == FA4_AUTO && ceil_div(units, ctas) + fa4_split_overhead_blocks(head_dim_v) >= n_blocks) return 0;
-  return (int32_t)ctas;
+  return whole_pieces(ctas, tail);
 }
 
 /* CTAs to split the last round over when the caller asks for num_splits pieces per tile
  * (attention_with_kvcache's num_splits; 0 leaves it to fa4_split_tail_ctas): each of the round's
  * tiles cut into num_splits pieces of about n_blocks / num_splits blocks, one CTA a piece, as far
- * as the persistent grid (num_sms CTAs) and one block a piece go; 1 never splits. The CTAs take
- * equal shares of the round's blocks, so a tile's pieces are num_splits, or num_splits + 1 where
- * a share straddles two tiles. */
+ * as the persistent grid (num_sms CTAs) and one block a piece go, in whole pieces per tile where
+ * the grid caps them (whole_pieces); 1 never splits. The CTAs take equal shares of the round's
+ * blocks, so a tile's pieces are num_splits, or num_splits + 1 where a share straddles two tiles. */
 int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int64_t num_splits) {
   int64_t tail = num_tiles % num_sms;
   if (num_splits <= 1 || tail == 0) return 0;
   int64_t ctas = min64(min64(num_sms, tail * num_splits), tail * n_blocks);
-  return ctas > tail ? (int32_t)ctas : 0;
+  return ctas > tail ? whole_pieces(ctas, tail) : 0;
 }
 
 /* --------------------------------------------------------------------------- backward */

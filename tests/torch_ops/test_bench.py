@@ -120,3 +120,23 @@ def test_context_parallel_report_ratios_and_efficiency(capsys):
     assert cells[6:] == ["1.25", "83.3%", "80.0%"]  # 75 / 60; 100 / (2 * 60); 120 / (2 * 75)
     cells = [c.strip() for c in lines[1].strip("|").split("|")]
     assert cells[5:] == ["n/a", "n/a", "95.2%", "n/a"]
+
+
+def test_sweep_regret_is_automatic_over_best_and_reported_per_shape():
+    from fa4 import bench_sweep
+
+    rows = [("a", 1.0, 1.0, "x", "x"), ("b", 1.21, 1.0, "y", "z")]
+    geo, worst = bench_sweep.regret_summary(rows)
+    assert abs(geo - 1.1) < 1e-12 and worst == 1.21
+    text = bench_sweep.markdown(rows, "GPU")
+    assert "Geometric-mean regret 1.100, worst 1.210" in text
+    assert "| b | y | 1.210 | z | 1.000 | 1.210 |" in text
+
+
+def test_sweep_covers_at_least_forty_shapes_of_every_kind():
+    from fa4 import bench_sweep
+
+    assert len(bench_sweep.shapes()) >= 40
+    labels = [c[0] for c in bench_sweep._fwd_candidates(gqa=True)]
+    assert len(labels) == len(set(labels)) == 24 and any("pack_gqa=1" in x for x in labels)
+    assert len(bench_sweep._bwd_candidates()) == 4

@@ -170,8 +170,10 @@ def test_split_tail_takes_every_sm_for_a_partial_last_round():
     split = heuristics.split_tail_ctas
     assert split(2048, 132, 32) == 132  # hd128 at 4k: 68 tiles in round 16 over all 132 SMs
     assert split(2048, 132, 8) == 0  # at 1k: 5 blocks a CTA + 3 overhead do not beat a tile of 8
-    assert split(3072, 132, 8, head_dim_v=64) == 132  # hd64 at 1k: 36 tail tiles, 3 blocks a CTA
-    assert split(8, 132, 64) == 132  # decoding-sized: 8 tiles over 132 SMs
+    assert split(3072, 132, 8, head_dim_v=64) == 108  # hd64 at 1k: 36 tail tiles, 3 pieces each
+    assert split(8, 132, 64) == 128  # decoding-sized: 8 tiles, 16 pieces each (132 would straddle tiles)
+    assert split(64, 132, 32) == 128  # decoding 8 x 4k (hd128 32/8): 2 pieces a tile, not 2.06
+    assert split(100, 132, 64) == 132  # fewer than two pieces a tile: the whole grid
     assert split(264, 132, 32) == 0  # full rounds only
     assert split(2048, 132, 32, override=False) == 0
     assert split(1024, 132, 13, head_dim_v=256) == 0  # hd256 at 1k: wide partials, measured slower
@@ -197,7 +199,8 @@ def test_explicit_split_counts_and_page_sizes():
     assert heuristics.split_ctas_for(8, 132, 512, 4) == 32
     assert heuristics.split_ctas_for(8, 132, 512, 1) == 0  # 1: never split
     assert heuristics.split_ctas_for(8, 132, 512, 0) == 0  # 0 is split_tail_ctas's call, not this
-    assert heuristics.split_ctas_for(64, 132, 512, 4) == 132  # as far as the grid goes
+    assert heuristics.split_ctas_for(64, 132, 512, 4) == 128  # as far as the grid goes, in whole pieces
+    assert heuristics.split_ctas_for(100, 132, 512, 4) == 132  # under two pieces a tile: all of the grid
     assert heuristics.split_ctas_for(8, 132, 2, 4) == 16  # a block a piece at least
     assert heuristics.split_ctas_for(264, 132, 512, 4) == 0  # no partial last round: nothing to split
     assert heuristics.split_ctas_for(140, 132, 512, 2) == 16  # the last round's 8 tiles

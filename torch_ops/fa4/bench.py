@@ -9,6 +9,7 @@
     python -m fa4.bench --flex-sparse         # a random block-sparse mask_mod (fa4's bitmask path)
     python -m fa4.bench --flex-score          # in-kernel score_mods (alibi, a learned relative bias) + causal
     python -m fa4.bench --context-parallel    # ring attention over every visible GPU, fa4 vs cuDNN (bench_cp)
+    python -m fa4.bench --sweep               # every run-time strategy per shape vs the automatic one (bench_sweep)
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -637,6 +638,12 @@ def main(argv=None):
                     help="sequence lengths of the --context-parallel cases")
     ap.add_argument("--cp-iters", type=positive_int, default=3,
                     help="timed steps per --context-parallel case and provider (a 128k step takes seconds)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="time every run-time strategy (tile family, grid, split tail, pack-GQA, KV-cache splits, "
+                         "the backward's first store and rotation) on ~60 shapes against the automatic choice")
+    ap.add_argument("--sweep-out", default="docs/heuristics.md", help="where --sweep writes its table ('' for none)")
+    ap.add_argument("--sweep-rounds", type=positive_int, default=3, help="timed rounds per --sweep candidate")
+    ap.add_argument("--sweep-quick", action="store_true", help="every 7th --sweep shape only (a smoke run)")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--fa3-lib", default=None,
                     help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")
@@ -659,6 +666,11 @@ def main(argv=None):
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cuDNN {torch.backends.cudnn.version()}")
     if args.host:
         bench_host.report(args.head_dims[0][0])
+        return
+    if args.sweep:
+        from fa4 import bench_sweep
+
+        bench_sweep.run(args)
         return
     if args.context_parallel:
         from fa4 import bench_cp
