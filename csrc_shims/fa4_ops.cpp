@@ -475,24 +475,50 @@ const char *mask_name(int32_t kind) {
 }
 
 // ---------------------------------------------------------------------------- forward
+// Split-tail flags under CUDA-graph capture: a buffer of the captured call's own, allocated and
+// zeroed now, outside the graph (relaxed capture mode; a private stream), and never freed. The
+// kernels leave the flags zero, so every replay finds them zero with no memset node in the graph:
+// a node cost each replay of a small decoding call ~2 us (the memset and its launch gap; H100,
+// 1 x 4k at hd128 ran 19 us). A graph is captured once and replayed many times; each captured
+// call keeps its ~1 KB for the life of the process.
+fa4_tensor captured_zeros(int device, int64_t words) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  int current = -1;
+  cudaGetDevice(&current);
+  void *buffer = nullptr;
+  cudaStream_t side = nullptr;
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaMalloc(&buffer, (size_t)words * 4);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaMemsetAsync(buffer, 0, (size_t)words * 4, side);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(side);
+  if (side != nullptr) cudaStreamDestroy(side);
+  if (current >= 0) cudaSetDevice(current);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  FA4_CHECK(err == cudaSuccess, "fa4: allocating split-tail flags while capturing a CUDA graph failed: ",
+            cudaGetErrorString(err));
+  return dense_view(static_cast<int32_t *>(buffer), {words});
+}
+
 // Split-tail flags per (device, stream): zero when created, and every kernel leaves them zero
 // (each merger resets the flags it consumed), so calls on one stream reuse them without a
 // memset. One buffer per stream: kernels on different streams may run at the same time.
-Tensor split_semaphores(int device, void *stream, int64_t words) {
+// ``keep`` holds the buffer for the call.
+fa4_tensor split_semaphores(int device, void *stream, int64_t words, Tensor *keep) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing((cudaStream_t)stream, &capture);
-  if (capture != cudaStreamCaptureStatusNone)  // a cached buffer would be zeroed inside the graph: a fresh one
-    return zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
+  if (capture != cudaStreamCaptureStatusNone) return captured_zeros(device, words);
   static std::mutex lock;
   static auto *buffers = new std::map<std::pair<int, void *>, Tensor>();  // never freed
   std::lock_guard<std::mutex> guard(lock);
   auto found = buffers->find({device, stream});
   if (found == buffers->end() || found->second.numel() < words) {
-    Tensor t = zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
-    (*buffers)[{device, stream}] = t;
-    return t;
+    (*buffers)[{device, stream}] = zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
+    found = buffers->find({device, stream});
   }
-  return found->second;
+  *keep = found->second;
+  return view_of(*keep);
 }
 
 // Zeroed int32 counters the kernels count in (the forward's tile counter, the backward's
@@ -707,8 +733,7 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   if (tail_ctas) {
     int64_t sem_words = 0, partial_words = 0;
     check_status(fa4_split_workspace(index, (int32_t)dv, dev.num_sms, &sem_words, &partial_words), "forward");
-    semaphores = split_semaphores(device, stream, sem_words);
-    ns = view_of(semaphores);
+    ns = split_semaphores(device, stream, sem_words, &semaphores);
     partials = empty({partial_words}, aoti_torch_dtype_float32(), device);
     partials_view = view_of(partials);
   } else if (!variant.split_tail) {  // a dynamic schedule: the kernel claims tiles from a counter

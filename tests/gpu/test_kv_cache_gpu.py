@@ -216,6 +216,32 @@ def test_cuda_graph_replays_with_new_lengths_and_tables():
         assert torch.equal(out, expect), lengths
 
 
+def test_cuda_graph_of_split_decoding_replays_without_a_memset():
+    # The split flags of a captured call are zeroed at capture, outside the graph, and every
+    # kernel leaves them zero: replays run the kernels alone, and stay right replay after replay.
+    require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    k_cache, v_cache = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                        for _ in range(2))
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    seqlens = torch.tensor([4096], dtype=torch.int32, device="cuda")
+    fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens)  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, num_splits=n) for n in (0, 8, 0)]
+    assert _native.last_launch("fwd")["tail_ctas"] > 0
+    for length in (4096, 1000, 17, 4096):
+        seqlens.fill_(length)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(names) == 3 and not any("memset" in n.lower() for n in names), names
+        ref, _ = naive_attention(q, k_cache[:, :length], v_cache[:, :length])
+        for out in outs:
+            assert rel_error(out, ref) < 1e-2, length
+
+
 def test_compile_keeps_the_append():
     require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
     gen = torch.Generator(device="cuda").manual_seed(2)

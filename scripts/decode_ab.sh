@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A/B of KV-cache decoding builds (libs under build/ab/<version>/, e.g. one variant each:
+# FA4_VARIANTS=bf16,d128x128,none_kvcache): per version, a float64 check over cache lengths and
+# split counts, then scripts/decode_profile.py's per-call graph time per shape; versions in the
+# order given (repeat one to see drift).
+#   run (device tool) with carry ["build/ab/A", "build/ab/B"]:  bash scripts/decode_ab.sh A B A
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+for v in "$@"; do
+  rm -rf torch_ops/fa4/_native && mkdir -p torch_ops/fa4/_native && cp build/ab/$v/* torch_ops/fa4/_native/
+  echo "=== $v" | tee -a "$OUT/decode_ab.log"
+  python3 - <<'PY' 2>&1 | grep -v Warn | tee -a "$OUT/decode_ab.log"
+import torch, fa4
+from fa4.testing import naive_attention, rel_error
+torch.manual_seed(0)
+worst = 0.0
+for batch, length, splits in [(2, 1, 0), (2, 17, 0), (3, 300, 7), (2, 2900, 0), (2, 2900, 200), (1, 40000, 0)]:
+    k = torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.randint(max(1, length // 2), length + 1, (batch,), dtype=torch.int32, device="cuda")
+    out = fa4.attention_with_kvcache(q, k, v, lens, num_splits=splits)
+    for b in range(batch):
+        n = int(lens[b])
+        ref, _ = naive_attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n])
+        worst = max(worst, rel_error(out[b:b + 1], ref))
+print(f"worst relative error {worst:.2e}", "OK" if worst < 1e-2 else "BAD")
+PY
+  for s in "1 4096" "1 32768" "1 131072" "8 4096" "8 32768"; do
+    python3 scripts/decode_profile.py $s kernels 2>&1 | grep -E "^fa4" | tee -a "$OUT/decode_ab.log"
+  done
+done

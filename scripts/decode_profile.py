@@ -1,0 +1,58 @@
+"""One KV-cache decoding shape (bf16 hd128, 32/8 heads, one query token), for profilers: the
+kernels each call launches and their GPU times (torch.profiler over CUDA-graph replays), fa4
+beside SDPA; or, with ``ncu``, just the calls to profile.
+
+    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa] [NUM_SPLITS]
+    ncu --clock-control none -k regex:kvcache --launch-skip 3 --launch-count 1 \
+        python3 scripts/decode_profile.py 1 4096 fa4
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import fa4
+
+batch, length = int(sys.argv[1]), int(sys.argv[2])
+mode = sys.argv[3] if len(sys.argv) > 3 else "kernels"
+num_splits = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+gen = torch.Generator(device="cuda").manual_seed(0)
+k, v = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+calls = {
+    "fa4": lambda: fa4.attention_with_kvcache(q, k, v, lens, num_splits=num_splits),
+    "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   enable_gqa=True),
+}
+if mode in calls:
+    for _ in range(6):
+        calls[mode]()
+    torch.cuda.synchronize()
+    sys.exit(0)
+for name, call in calls.items():
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    per_call = start.elapsed_time(end) / 20 * 1e3
+    moved = 2 * batch * length * 8 * 128 * 2
+    print(f"{name} {batch}x{length}: {per_call:.1f} us per call in a graph ({moved / per_call / 1e3:.0f} GB/s)")
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = {}
+    for e in events:
+        kernels.setdefault(e.name, []).append(e.device_time)
+    for kname, times in kernels.items():
+        print(f"   {len(times) // 20} x {kname[:110]}: {sum(times) / len(times):.1f} us")
