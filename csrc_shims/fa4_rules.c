@@ -278,14 +278,19 @@ int32_t fa4_split_overhead_blocks(int32_t head_dim_v) { return head_dim_v <= 128
  * shortens that round from n_blocks to about tail * n_blocks / num_sms blocks plus
  * fa4_split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile is
  * split this way. override 0 never splits, 1 splits whenever pieces can outnumber the tiles. */
-/* Where the grid holds two pieces or more per tile, a multiple of the tiles: CTAs take equal
- * shares of the round's blocks, so any other count leaves shares straddling two tiles, and each
- * straddling CTA computes (and its tiles' last arrivals merge) one more partial result, which
- * costs more than the few SMs the rounding leaves idle. H100, three runs of `python -m fa4.bench
- * --sweep` (CUDA-graph time, decoding hd128 32/8, 132 -> 128 CTAs): 8 x 4k 3.4-4.4% faster,
- * 8 x 32k 1.6-2.0%, 1 x 32k 1.1-2.5%. */
-static int32_t whole_pieces(int64_t ctas, int64_t tail) {
-  return (int32_t)(ctas >= 2 * tail ? ctas - ctas % tail : ctas);
+/* Where the grid holds two pieces or more per tile, a multiple of the tiles, unless that makes a
+ * piece more than 5% (and more than one block) longer: CTAs take equal shares of the round's
+ * blocks, so any other count leaves shares straddling two tiles, which cost more than the few
+ * SMs the rounding leaves idle. H100, three runs of `python -m fa4.bench --sweep` (CUDA-graph
+ * time, decoding hd128 32/8, 132 -> 128 CTAs): 8 x 4k (pieces of 16 blocks either way) 3.4-4.4%
+ * faster, 1 x 32k (16 either way) 1.1-2.5%, 8 x 32k (125 -> 128 blocks) 1.6-2.0%. Longer pieces
+ * than that are not measured: there the share decides. */
+static int32_t whole_pieces(int64_t ctas, int64_t tail, int64_t n_blocks) {
+  if (ctas < 2 * tail || ctas % tail == 0) return (int32_t)ctas;
+  int64_t aligned = ctas - ctas % tail;
+  int64_t straddling_share = ceil_div(tail * n_blocks, ctas), aligned_share = ceil_div(n_blocks, aligned / tail);
+  int close = aligned_share <= straddling_share + 1 || aligned_share * 20 <= straddling_share * 21;
+  return (int32_t)(close ? aligned : ctas);
 }
 
 int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
@@ -296,7 +301,7 @@ int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks
   int64_t ctas = min64(num_sms, units / MIN_PIECE_BLOCKS);
   if (ctas <= tail) return 0; /* no more pieces than tiles: nothing to gain */
   if (override == FA4_AUTO && ceil_div(units, ctas) + fa4_split_overhead_blocks(head_dim_v) >= n_blocks) return 0;
-  return whole_pieces(ctas, tail);
+  return whole_pieces(ctas, tail, n_blocks);
 }
 
 /* CTAs to split the last round over when the caller asks for num_splits pieces per tile
@@ -309,7 +314,7 @@ int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks,
   int64_t tail = num_tiles % num_sms;
   if (num_splits <= 1 || tail == 0) return 0;
   int64_t ctas = min64(min64(num_sms, tail * num_splits), tail * n_blocks);
-  return ctas > tail ? whole_pieces(ctas, tail) : 0;
+  return ctas > tail ? whole_pieces(ctas, tail, n_blocks) : 0;
 }
 
 /* --------------------------------------------------------------------------- backward */

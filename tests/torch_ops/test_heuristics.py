@@ -174,6 +174,8 @@ def test_split_tail_takes_every_sm_for_a_partial_last_round():
     assert split(8, 132, 64) == 128  # decoding-sized: 8 tiles, 16 pieces each (132 would straddle tiles)
     assert split(64, 132, 32) == 128  # decoding 8 x 4k (hd128 32/8): 2 pieces a tile, not 2.06
     assert split(100, 132, 64) == 132  # fewer than two pieces a tile: the whole grid
+    assert split(64, 132, 256) == 128  # 8 x 32k: pieces of 128 blocks, not 125 straddling ones
+    assert split(60, 132, 256) == 132  # 120 CTAs would make pieces of 128 blocks, not 117: share decides
     assert split(264, 132, 32) == 0  # full rounds only
     assert split(2048, 132, 32, override=False) == 0
     assert split(1024, 132, 13, head_dim_v=256) == 0  # hd256 at 1k: wide partials, measured slower
