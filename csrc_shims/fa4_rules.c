@@ -271,13 +271,6 @@ int64_t fa4_kv_kernel_page_rows(int64_t page_size) {
  * 4k/16k splits gained 1-3%; so 3 blocks, and 5 for the wide partials of head_dim_v > 128. */
 int32_t fa4_split_overhead_blocks(int32_t head_dim_v) { return head_dim_v <= 128 ? 3 : 5; }
 
-/* CTAs to split the static schedule's last round of tiles over (0: no split). Equal tiles on a
- * persistent grid take ceil(num_tiles / num_sms) rounds, the last one only partly filled (hd128
- * in the FlashAttention benchmark setup: 2048 tiles on 132 SMs leave 68 tiles for round 16,
- * while 64 SMs idle). Cutting those tiles into pieces of K/V blocks dealt out over all SMs
- * shortens that round from n_blocks to about tail * n_blocks / num_sms blocks plus
- * fa4_split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile is
- * split this way. override 0 never splits, 1 splits whenever pieces can outnumber the tiles. */
 /* Where the grid holds two pieces or more per tile, a multiple of the tiles, unless that makes a
  * piece more than 5% (and more than one block) longer: CTAs take equal shares of the round's
  * blocks, so any other count leaves shares straddling two tiles, which cost more than the few
@@ -293,6 +286,13 @@ static int32_t whole_pieces(int64_t ctas, int64_t tail, int64_t n_blocks) {
   return (int32_t)(close ? aligned : ctas);
 }
 
+/* CTAs to split the static schedule's last round of tiles over (0: no split). Equal tiles on a
+ * persistent grid take ceil(num_tiles / num_sms) rounds, the last one only partly filled (hd128
+ * in the FlashAttention benchmark setup: 2048 tiles on 132 SMs leave 68 tiles for round 16,
+ * while 64 SMs idle). Cutting those tiles into pieces of K/V blocks dealt out over all SMs
+ * shortens that round from n_blocks to about tail * n_blocks / num_sms blocks plus
+ * fa4_split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile is
+ * split this way. override 0 never splits, 1 splits whenever pieces can outnumber the tiles. */
 int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
                             int32_t override) {
   int64_t tail = num_tiles % num_sms; /* all of them when there are fewer tiles than SMs */
