@@ -644,6 +644,7 @@ def main(argv=None):
     ap.add_argument("--sweep-out", default="docs/heuristics.md", help="where --sweep writes its table ('' for none)")
     ap.add_argument("--sweep-rounds", type=positive_int, default=3, help="timed rounds per --sweep candidate")
     ap.add_argument("--sweep-quick", action="store_true", help="every 7th --sweep shape only (a smoke run)")
+    ap.add_argument("--sweep-only", default="", help="--sweep only the shapes whose label contains this text")
     ap.add_argument("--gemm", action="store_true", help="also time a dense GEMM (the tensor-core ceiling)")
     ap.add_argument("--fa3-lib", default=None,
                     help="also time FlashAttention-3 from this libfa3_peer.so (peers/fa3/build.sh; bf16, hd 64/128/256)")

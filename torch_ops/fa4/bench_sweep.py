@@ -93,17 +93,21 @@ def _decode(batch, length, dtype=torch.bfloat16):
                  lambda **kw: fa4.attention_with_kvcache(q, k, v, lens, **kw), candidates)
 
 
-def _backward(hd, seqlen, causal, dtype=torch.bfloat16):
-    heads = HIDDEN // hd
-    batch = max(1, TOKENS // seqlen)
-    q, k, v, dout = (torch.randn(batch, seqlen, heads, hd, device="cuda", dtype=dtype) for _ in range(4))
+def _backward(hd, seqlen, causal, batch=None, heads_q=None, heads_kv=None, dtype=torch.bfloat16):
+    heads_q = heads_q or HIDDEN // hd
+    heads_kv = heads_kv or heads_q
+    batch = batch or max(1, TOKENS // seqlen)
+    q, dout = (torch.randn(batch, seqlen, heads_q, hd, device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(batch, seqlen, heads_kv, hd, device="cuda", dtype=dtype) for _ in range(2))
     out, lse = fa4.attention(q, k, v, causal=causal, return_lse=True)
     scale = hd ** -0.5
     right = 0 if causal else -1
 
     def call(**kw):
         torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, causal, -1, right, 0.0, False)
-    return Shape("bwd", f"bwd hd{hd} {batch}x{seqlen} {'causal' if causal else 'full'}", call, _bwd_candidates())
+    gqa = "" if heads_kv == heads_q else f" gqa {heads_q}/{heads_kv}"
+    return Shape("bwd", f"bwd hd{hd} {batch}x{seqlen}{gqa} {'causal' if causal else 'full'}", call,
+                 _bwd_candidates())
 
 
 def shapes(quick: bool = False):
@@ -121,6 +125,8 @@ def shapes(quick: bool = False):
         out.append(lambda b=batch, n=length: _decode(b, n))
     for hd, seqlen, causal in itertools.product((64, 128, 256), (1024, 4096, 16384), (False, True)):
         out.append(lambda hd=hd, s=seqlen, c=causal: _backward(hd, s, c))
+    for seqlen, causal in itertools.product((4096, 16384), (False, True)):
+        out.append(lambda s=seqlen, c=causal: _backward(128, s, c, batch=16384 // s, heads_q=32, heads_kv=8))
     return out[::7] if quick else out
 
 
@@ -236,6 +242,8 @@ def run(args) -> None:
     rows = []
     for make in shapes(args.sweep_quick):
         shape = make()
+        if args.sweep_only and args.sweep_only not in shape.label:
+            continue
         result = sweep_shape(shape, args.sweep_rounds)
         auto_key, auto_ms = result["auto"]
         best_label, best_key, best_ms = min(result["candidates"], key=lambda c: c[2])
