@@ -3,11 +3,13 @@
 At debug level every eager CUDA call through the public functions logs what the native operator
 launched (fa4._native.last_launch): the variant (its name holds the tile family), the pack-GQA
 factor, the tile order's group, the split tail's CTAs; the backward its first-store, rotation
-and determinism decisions. Compiled graphs call the operators directly and log nothing per call.
+and determinism decisions; where FA4_TILES forced a tile family the call has no variant of, also
+why another family ran. Compiled graphs call the operators directly and log nothing per call.
 """
 from __future__ import annotations
 
 import logging
+import re
 
 from fa4 import settings
 
@@ -40,6 +42,29 @@ def launched(kind: str, shapes: str) -> None:
         logger.debug("fwd %s: %s, pack_gqa %d, heads per L2 group %d, grid %d, split tail %d CTAs", shapes,
                      record["name"], record["pack_gqa"], record["heads_per_group"], record["grid"],
                      record["tail_ctas"])
+        why = forced_family_not_run(record["name"])
+        if why:
+            logger.debug("fwd %s: %s", shapes, why)
     else:
         logger.debug("bwd %s: %s, first store %d, rotate %d, deterministic %d", shapes, record["name"],
                      record["store_first"], record["rotate"], record["deterministic"])
+
+
+def tile_family_of(variant_name: str) -> str:
+    """The tile family in a forward variant's name (fa4_kernels.catalog names the extra families
+    ``_<family>seq``; the regular one has no suffix)."""
+    found = re.search(r"_([a-z]+)seq(?:_|$)", variant_name)
+    return found.group(1) if found else "regular"
+
+
+def forced_family_not_run(variant_name: str) -> str | None:
+    """Why a forward launch ran another tile family than FA4_TILES asks for, or None: the family
+    is not built for that call (the short tiles exist for hd64, the long ones for hd128, dense
+    and without a window) or this build left it out (FA4_VARIANTS)."""
+    from fa4 import heuristics
+
+    forced = heuristics.tuning()["tiles"]
+    ran = tile_family_of(variant_name)
+    if forced is None or forced == ran:
+        return None
+    return f"FA4_TILES={forced}: no such variant for this call, so {variant_name} ({ran} tiles) ran"

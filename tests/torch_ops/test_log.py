@@ -1,0 +1,20 @@
+"""fa4.log: what the debug log says about a launch (the launches themselves: tests/gpu)."""
+from fa4 import log
+
+
+def test_tile_family_from_the_variant_name():
+    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d64x64_causal_shortseq") == "short"
+    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_none_longseq") == "long"
+    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_none_longseq_softcap") == "long"
+    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d256x256_causal") == "regular"
+    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_none_kvcache") == "regular"
+
+
+def test_a_forced_family_that_did_not_run_is_explained(monkeypatch):
+    monkeypatch.delenv("FA4_TILES", raising=False)
+    assert log.forced_family_not_run("fa4_fwd_sm_90a_bf16_d256x256_causal") is None
+    monkeypatch.setenv("FA4_TILES", "short")
+    assert log.forced_family_not_run("fa4_fwd_sm_90a_bf16_d64x64_causal_shortseq") is None
+    why = log.forced_family_not_run("fa4_fwd_sm_90a_bf16_d256x256_causal")
+    assert why == "FA4_TILES=short: no such variant for this call, so fa4_fwd_sm_90a_bf16_d256x256_causal " \
+                  "(regular tiles) ran"
