@@ -601,7 +601,8 @@ struct SparseTables {
 };
 
 // A built-in score_mod's kind and parameters (fa4_score_mod in fa4_shim.h): (heads_q, width)
-// fp32 slopes or relative-bias table, in the units of the scaled score.
+// fp32 slopes or relative-bias table, in the units of the scaled score; or a bias tensor
+// (batch or 1, heads_q or 1, seqlen_q or 1, seqlen_k) fp32, keys contiguous.
 struct ScoreMod {
   int32_t kind = FA4_SCORE_NONE;
   Tensor params;
@@ -618,32 +619,66 @@ struct KvCache {
 };
 
 const char *score_mod_name(int32_t kind) {
-  return kind == FA4_SCORE_ALIBI ? "alibi" : kind == FA4_SCORE_RELBIAS ? "relative_bias" : "none";
+  return kind == FA4_SCORE_ALIBI     ? "alibi"
+         : kind == FA4_SCORE_RELBIAS ? "relative_bias"
+         : kind == FA4_SCORE_BIAS    ? "bias"
+                                     : "none";
 }
 
-// score_mod (0 none, 1 ALiBi slopes (heads_q, 1), 2 relative-bias table (heads_q, 2c + 1)) and its
-// fp32 parameters on q's device; score_mods have kernels without softcap only.
-ScoreMod check_score_mod(int64_t score_mod, const std::optional<Tensor> &params, const Tensor &q, double softcap) {
-  FA4_VALUE(score_mod >= FA4_SCORE_NONE && score_mod <= FA4_SCORE_RELBIAS,
-            "score_mod must be 0 (none), 1 (alibi) or 2 (relative_bias); got ", score_mod);
+// A bias tensor (FA4_SCORE_BIAS): each of its first three dims the call's (batch, heads_q, seqlen_q)
+// or 1 (broadcast), its last seqlen_k and contiguous.
+void check_bias_tensor(const Tensor &p, const Tensor &q, int64_t seqlen_k) {
+  FA4_TYPE(p.scalar_type() == ScalarType::Float && p.dim() == 4,
+           "score_params for bias must be a 4-D torch.float32 tensor (batch, heads_q, seqlen_q, seqlen_k); got ",
+           p.dim(), "-D ", dtype_name(p.scalar_type()));
+  const int64_t full[4] = {q.size(0), q.size(2), q.size(1), seqlen_k};
+  bool ok = p.size(3) == seqlen_k && p.stride(3) == 1;
+  for (int i = 0; i < 3; i++) ok = ok && (p.size(i) == full[i] || p.size(i) == 1);
+  FA4_VALUE(ok, "score_params for bias must be (batch or 1, heads_q or 1, seqlen_q or 1, seqlen_k) = (",
+            full[0], " or 1, ", full[1], " or 1, ", full[2], " or 1, ", full[3], ") with keys contiguous; got ",
+            shape_text(p), " strides ", tuple_text({p.stride(0), p.stride(1), p.stride(2), p.stride(3)}));
+}
+
+// score_mod (0 none, 1 ALiBi slopes (heads_q, 1), 2 relative-bias table (heads_q, 2c + 1), 3 bias
+// tensor) and its fp32 parameters on q's device; score_mods have kernels without softcap only.
+ScoreMod check_score_mod(int64_t score_mod, const std::optional<Tensor> &params, const Tensor &q, double softcap,
+                         int64_t seqlen_k) {
+  FA4_VALUE(score_mod >= FA4_SCORE_NONE && score_mod <= FA4_SCORE_BIAS,
+            "score_mod must be 0 (none), 1 (alibi), 2 (relative_bias) or 3 (bias); got ", score_mod);
   ScoreMod s;
   s.kind = (int32_t)score_mod;
   if (s.kind == FA4_SCORE_NONE) return s;
   FA4_VALUE(params.has_value(), "score_params is required with score_mod=", score_mod_name(s.kind));
   const Tensor &p = *params;
+  FA4_VALUE(p.is_cuda() && p.get_device_index() == q.get_device_index(), "score_params must be on q's device");
+  FA4_VALUE(softcap == 0.0, "score_mod=", score_mod_name(s.kind), " with softcap: fa4 has no such kernel; use "
+            "torch.nn.attention.flex_attention with both in one score_mod");
+  if (s.kind == FA4_SCORE_BIAS) {
+    check_bias_tensor(p, q, seqlen_k);
+    s.params = p;  // any strides: the kernel reads them (a copy could be as large as the scores)
+    return s;
+  }
   FA4_TYPE(p.scalar_type() == ScalarType::Float && p.dim() == 2, "score_params must be a 2-D torch.float32 tensor; got ",
            p.dim(), "-D ", dtype_name(p.scalar_type()));
-  FA4_VALUE(p.is_cuda() && p.get_device_index() == q.get_device_index(), "score_params must be on q's device");
   FA4_VALUE(p.size(0) == q.size(2) && p.size(1) >= 1, "score_params must be (heads_q = ", q.size(2),
             ", width); got ", shape_text(p));
   FA4_VALUE(s.kind != FA4_SCORE_ALIBI || p.size(1) == 1, "alibi takes one slope per query head: score_params (",
             q.size(2), ", 1); got ", shape_text(p));
   FA4_VALUE(s.kind != FA4_SCORE_RELBIAS || p.size(1) % 2 == 1,
             "a relative_bias table is (heads_q, 2 * max_distance + 1); got ", shape_text(p));
-  FA4_VALUE(softcap == 0.0, "score_mod=", score_mod_name(s.kind), " with softcap: fa4 has no such kernel; use "
-            "torch.nn.attention.flex_attention with both in one score_mod");
   s.params = p.is_contiguous() ? p : torch::stable::contiguous(p);  // a few floats per head
   return s;
+}
+
+// The kernels' view of a score_mod's parameters (or of their gradient, `like` them): a bias
+// tensor's broadcast dims take the call's sizes with stride 0 (score_mod.ScoreBias).
+fa4_tensor score_view(const ScoreMod &s, const Tensor &t, const Tensor &q) {
+  fa4_tensor out = view_of(t);
+  if (s.kind != FA4_SCORE_BIAS) return out;
+  const int64_t full[3] = {q.size(0), q.size(2), q.size(1)};
+  for (int i = 0; i < 3; i++)
+    if (out.shape[i] == 1) out.shape[i] = full[i], out.stride[i] = 0;
+  return out;
 }
 
 // Launch the compiled forward. q/k/v/out (batch, seqlen, heads, dim) and lse (batch, heads,
@@ -814,7 +849,7 @@ std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor count
   (void)q_counts, (void)q_blocks, (void)q_bits, (void)bwd_tile_m, (void)bwd_tile_n;  // for autograd
   Phases phases("fwd_sparse");
   check_sparse_call(q, k, v, softmax_scale, softcap, counts, blocks, bits, "kv");
-  ScoreMod score = check_score_mod(score_mod, score_params, q, softcap);
+  ScoreMod score = check_score_mod(score_mod, score_params, q, softcap, k.size(1));
   int device = q.get_device_index();
   const DeviceFacts &dev = device_facts(device);
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), d = q.size(3), sk = k.size(1), dv = v.size(3);
@@ -860,7 +895,7 @@ std::tuple<Tensor, Tensor> fwd_sparse(Tensor q, Tensor k, Tensor v, Tensor count
   fa4_tensor nu = view_of(unused);
   fa4_tensor nq = view_of(q), nk = view_of(k), nv = view_of(v), no = view_of(out), nl = view_of(lse);
   fa4_tensor nc = view_of(counts), nb = view_of(blocks), nbits = view_of(bits);
-  fa4_tensor nscore = score.kind != FA4_SCORE_NONE ? view_of(score.params) : nu;
+  fa4_tensor nscore = score.kind != FA4_SCORE_NONE ? score_view(score, score.params, q) : nu;
   phases.mark("workspace");
   DeviceGuard guard(device);
   check_status(fa4_fwd(index, &nq, &nk, &nv, &no, &nl, &ns, &nu, &nu, &nu, &nu, &nu, &nc, &nb, &nbits,
@@ -1102,11 +1137,10 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   // into it; 0 rows: none).
   fa4_tensor n_score{}, n_score_grad{};
   if (score_kind != FA4_SCORE_NONE) {
-    n_score = view_of(score->params);
-    const int64_t width = score->params.size(1);
+    n_score = score_view(*score, score->params, q);
     if (score_grad) {
-      *score_grad = zeros({hq, width}, f32, device, 4, stream);
-      n_score_grad = view_of(*score_grad);
+      *score_grad = zeros(shape_of(score->params), f32, device, 4, stream);
+      n_score_grad = score_view(*score, *score_grad, q);
     } else {
       n_score_grad = n_score;
       n_score_grad.shape[0] = 0;
@@ -1165,8 +1199,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Ten
                                                       std::optional<Tensor> score_params, bool score_grad) {
   Phases phases("bwd_sparse");
   check_sparse_call(q, k, v, softmax_scale, softcap, counts, blocks, bits, "q");
-  ScoreMod score = check_score_mod(score_mod, score_params, q, softcap);
-  const int64_t width = score.kind != FA4_SCORE_NONE ? score.params.size(1) : 0;
+  ScoreMod score = check_score_mod(score_mod, score_params, q, softcap, k.size(1));
   int device = q.get_device_index();
   const int64_t n_blocks = tile_n > 0 ? (k.size(1) + tile_n - 1) / tile_n : -1;
   FA4_VALUE(tile_m > 0 && tile_m % 32 == 0 && tile_n > 0, "tile_m must be a positive multiple of 32 and tile_n > 0");
@@ -1182,13 +1215,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sparse(Tensor dout, Tensor q, Ten
   FA4_VALUE(bits.numel() >= tile_n * tile_m / 32 && bits.numel() % (tile_n * tile_m / 32) == 0,
             "q_bits must hold whole slots of ", tile_n * tile_m / 32, " words; got ", bits.numel());
   phases.mark("checks");
-  // The parameters' gradient: (heads_q, width) fp32 when asked for (run_backward zeroes it for
-  // the kernel to add into), else (0, width).
+  // The parameters' gradient: their shape, fp32, when asked for (run_backward zeroes it for the
+  // kernel to add into), else that shape with 0 rows ((0, 0) without a score_mod).
   const bool with_grad = score_grad && score.kind != FA4_SCORE_NONE;
+  std::vector<int64_t> score_shape = score.kind != FA4_SCORE_NONE ? shape_of(score.params) : std::vector<int64_t>{0, 0};
   Tensor dscore;
-  if (!with_grad) dscore = empty({0, width}, aoti_torch_dtype_float32(), device);
+  if (!with_grad) {
+    std::vector<int64_t> none = score_shape;
+    none[0] = 0;
+    dscore = empty(none, aoti_torch_dtype_float32(), device);
+  }
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(1) == 0) {
-    if (with_grad) dscore = zeros({q.size(2), width}, aoti_torch_dtype_float32(), device, 4, current_stream(device));
+    if (with_grad) dscore = zeros(score_shape, aoti_torch_dtype_float32(), device, 4, current_stream(device));
     auto [dq, dk, dv] = zero_grads(q, k, v);
     return {dq, dk, dv, dscore};
   }

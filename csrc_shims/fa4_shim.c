@@ -159,11 +159,30 @@ static int32_t check_sparse_tables(const fa4_tensor *counts, const fa4_tensor *b
   return FA4_OK;
 }
 
+/* A bias tensor (FA4_SCORE_BIAS) or its gradient (`what`): (b, hq, sq, sk) fp32 as the kernel
+ * reads it, keys contiguous, no negative strides (0 where it broadcasts); a gradient may have 0
+ * rows (none asked for). */
+static int32_t check_bias_tensor(const char *what, const fa4_tensor *t, int64_t b, int64_t hq, int64_t sq, int64_t sk,
+                                 int32_t allow_empty) {
+  if (!t || !t->data || t->rank != 4 || !(t->shape[0] == b || (allow_empty && t->shape[0] == 0)) ||
+      t->shape[1] != hq || t->shape[2] != sq || t->shape[3] != sk || t->stride[3] != 1 || t->stride[0] < 0 ||
+      t->stride[1] < 0 || t->stride[2] < 0 || (uintptr_t)t->data % 4 != 0)
+    return fail(FA4_ERR_BAD_TENSOR, "%s: (b = %lld, heads_q = %lld, seqlen_q = %lld, seqlen_k = %lld) fp32, keys "
+                "contiguous, strides >= 0", what, (long long)b, (long long)hq, (long long)sq, (long long)sk);
+  return FA4_OK;
+}
+
 /* A score_mod launch's parameters (fa4_score_mod in fa4_shim.h): (hq, width) fp32 with a
  * contiguous last dimension (rows may broadcast), width 1 for ALiBi and odd for a relative-bias
- * table; the gradient, when given, (hq or 0, width) with contiguous rows. NULL grad: forward. */
+ * table; the gradient, when given, (hq or 0, width) with contiguous rows; a bias tensor and its
+ * gradient as check_bias_tensor. NULL grad: forward. */
 static int32_t check_score_tensors(const fa4_variant *variant, const fa4_tensor *params, const fa4_tensor *grad,
-                                   int64_t hq) {
+                                   int64_t b, int64_t hq, int64_t sq, int64_t sk) {
+  if (variant->score_mod == FA4_SCORE_BIAS) {
+    int32_t status = check_bias_tensor("score_params", params, b, hq, sq, sk, 0);
+    if (!status && grad) status = check_bias_tensor("score_grad", grad, b, hq, sq, sk, 1);
+    return status;
+  }
   if (!params || !params->data || params->rank != 2 || params->shape[0] != hq || params->shape[1] < 1 ||
       params->shape[1] > INT32_MAX / 2 || params->stride[1] != 1 || params->stride[0] < 0 ||
       (uintptr_t)params->data % 4 != 0)
@@ -222,7 +241,9 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   }
   fa4_tensor unused_score = {semaphores->data, 2, {1, 1}, {1, 1}};
   if (variant->score_mod != FA4_SCORE_NONE) {
-    if ((status = check_score_tensors(variant, score_params, NULL, q->shape[2]))) return status;
+    if ((status = check_score_tensors(variant, score_params, NULL, q->shape[0], q->shape[2], q->shape[1],
+                                      k->shape[1])))
+      return status;
   } else {
     score_params = &unused_score;
   }
@@ -379,7 +400,7 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   fa4_tensor unused_grad = {dq_semaphore->data, 2, {0, 1}, {1, 1}};
   if (variant->score_mod != FA4_SCORE_NONE) {
     if (!score_grad) return fail(FA4_ERR_BAD_TENSOR, "score_grad: required by score_mod variants (0 rows: none)");
-    if ((status = check_score_tensors(variant, score_params, score_grad, hq))) return status;
+    if ((status = check_score_tensors(variant, score_params, score_grad, b, hq, sq, sk))) return status;
   } else {
     score_params = &unused_score;
     score_grad = &unused_grad;

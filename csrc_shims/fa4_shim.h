@@ -15,10 +15,12 @@ extern "C" {
 /* Built-in score_mods (fa4_kernels.catalog.SCORE_MODS; src/fa4_kernels/score_mod.py), block-sparse
  * variants only: an additive bias on each score from score_params (heads_q, width) fp32, already
  * divided by the softmax scale. ALIBI: width 1, bias = slope[h] * (key - query). RELBIAS: width
- * 2c + 1, bias = table[h, clamp(query - key, -c, c) + c]. The backward adds the gradient of the
- * scaled scores' bias into score_grad (heads_q, width) fp32, contiguous and zero at launch, or
- * skips it when score_grad has 0 rows. */
-enum fa4_score_mod { FA4_SCORE_NONE = 0, FA4_SCORE_ALIBI = 1, FA4_SCORE_RELBIAS = 2 };
+ * 2c + 1, bias = table[h, clamp(query - key, -c, c) + c]. BIAS: score_params (batch, heads_q,
+ * seqlen_q, seqlen_k) fp32, keys contiguous, stride 0 where it broadcasts, bias = score_params[b,
+ * h, query, key]. The backward adds the gradient of the scaled scores' bias into score_grad (the
+ * parameters' shape and, for BIAS, their zero strides) fp32, zero at launch, or skips it when
+ * score_grad has 0 rows. */
+enum fa4_score_mod { FA4_SCORE_NONE = 0, FA4_SCORE_ALIBI = 1, FA4_SCORE_RELBIAS = 2, FA4_SCORE_BIAS = 3 };
 
 /* A strided view of device memory; sizes and strides in elements. */
 typedef struct {

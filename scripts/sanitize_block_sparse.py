@@ -5,7 +5,8 @@ tiles, GQA (a backward CTA walks several query heads' tables), more tiles than S
 schedule's hand-off ring), hd128 (128-key tiles, O in its own buffer; backward "keys" layout),
 hd64 (128-query backward blocks) and hd256 (64-key tiles, O in V's buffer; backward "keys_roles"
 layout, dQ through the stages), softcap; the in-kernel score_mods (alibi, a relative-bias table
-shorter than the sequences), their parameters' gradient included.
+shorter than the sequences, bias tensors broadcast over batch, heads or queries, whose edge tiles
+read clamped entries and reduce only inside the sequences), their parameters' gradient included.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py
 """
@@ -32,7 +33,8 @@ def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2, train=True):
     k, v = (torch.randn(batch, hk, sk, d, device=dev, dtype=torch.bfloat16, requires_grad=train) for _ in range(2))
     out = fa4.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
     if train:
-        params = [p for p in (getattr(score_mod, "slopes", None), getattr(score_mod, "table", None)) if p is not None]
+        params = [p for p in (getattr(score_mod, "slopes", None), getattr(score_mod, "table", None),
+                              getattr(score_mod, "bias", None)) if p is not None]
         torch.autograd.grad(out, [q, k, v] + [p for p in params if p.requires_grad], torch.randn_like(out))
 
 
@@ -55,5 +57,9 @@ run(1000, 777, 8, 2, 128, 128, alibi(8))
 run(700, 1100, 4, 4, 64, 128, relative_bias(4, 100))
 run(500, 900, 4, 2, 256, 128, relative_bias(4, 2000))
 run(600, 500, 4, 4, 192, 64, alibi(4))
+run(1000, 777, 8, 2, 128, 128, score_mods.bias(torch.randn(1000, 777, device=dev).requires_grad_()))
+run(700, 1100, 4, 4, 64, 128, score_mods.bias(torch.randn(2, 1, 1, 1100, device=dev).requires_grad_()))
+run(500, 900, 4, 2, 256, 128, score_mods.bias(torch.randn(1, 4, 500, 900, device=dev).requires_grad_()))
+run(333, 555, 4, 4, 96, 64, score_mods.bias(torch.randn(2, 4, 333, 555, device=dev)))
 torch.cuda.synchronize()
 print("ok")

@@ -150,7 +150,7 @@ def _compile_fwd(key: catalog.VariantKey):
         o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, skip_dead_blocks=cfg.skip_dead_blocks,
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
-        epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile,
+        epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile, bias_waves=cfg.bias_waves,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
         stamps=env_settings()["diag_stamps"],
     )
@@ -161,7 +161,7 @@ def _compile_fwd(key: catalog.VariantKey):
                                   assumed_align=4)
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), stats(),
-        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(), _score_params(),
+        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(), _score_params(key.score_mod),
         page_table, bshd(key.head_dim), bshd(key.head_dim_v),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
         Int32(0), Int32(1), Int32(0), make_fake_stream(),
@@ -186,13 +186,17 @@ def _sparse_tables():
     return table(SPARSE_COUNT_FIELDS), table(cute.sym_int()), bits
 
 
-def _score_params():
-    """A score_mod's parameters (or their gradient): (heads, width) fp32, rows contiguous
-    (score_mod.ScoreBias)."""
+def _score_params(score_mod: str):
+    """A score_mod's parameters (or their gradient): (heads, width) fp32, rows contiguous; for
+    "bias" the (batch, heads, seqlen_q, seqlen_k) tensor, keys contiguous, any other strides (0
+    where it broadcasts) (score_mod.ScoreBias)."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.runtime import make_fake_tensor
 
+    if score_mod == "bias":
+        return make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(4)),
+                                stride=tuple(cute.sym_int64() for _ in range(3)) + (1,), assumed_align=4)
     return make_fake_tensor(Float32, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
                             assumed_align=4)
 
@@ -213,7 +217,7 @@ def _compile_bwd(key: catalog.VariantKey):
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod,
-        grad_address_per_tile=cfg.grad_address_per_tile,
+        grad_address_per_tile=cfg.grad_address_per_tile, bias_waves=cfg.bias_waves,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)
@@ -221,7 +225,8 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, *_sparse_tables(), _score_params(), _score_params(), Float32(1.0), Float32(0.0), Int32(0),
+        dq_semaphore, *_sparse_tables(), _score_params(key.score_mod), _score_params(key.score_mod),
+        Float32(1.0), Float32(0.0), Int32(0),
         Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
 
@@ -443,7 +448,8 @@ static int32_t {n}_load(int32_t device) {{
         mask = {"none": "FA4_MASK_NONE", "causal": "FA4_MASK_CAUSAL", "local": "FA4_MASK_LOCAL",
                 "sparse": "FA4_MASK_SPARSE"}[key.mask]
         tiles = {"regular": "FA4_TILES_REGULAR", "short": "FA4_TILES_SHORT", "long": "FA4_TILES_LONG"}[key.tiles]
-        score = {"none": "FA4_SCORE_NONE", "alibi": "FA4_SCORE_ALIBI", "relbias": "FA4_SCORE_RELBIAS"}[key.score_mod]
+        score = {"none": "FA4_SCORE_NONE", "alibi": "FA4_SCORE_ALIBI", "relbias": "FA4_SCORE_RELBIAS",
+                 "bias": "FA4_SCORE_BIAS"}[key.score_mod]
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
                     f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {int(key.kv_cache)}, {cfg.tile_m}, '
                     f'{getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')

@@ -109,6 +109,10 @@ class FwdConfig:
     # hd64 dense 4k 640 -> 634; hd256 causal (128 O registers' worth of addresses) 1k 563-565 ->
     # 555-556, 4k 758-761 -> 751-755. So: the dynamic schedule, head_dim_v <= 128.
     epilogue_addresses_per_tile: bool = False
+    # A bias tensor's entries (score_mod "bias") read where they are added, in this many waves
+    # (score_mod.ScoreBias.add), instead of all at once under the score GEMM (0): beside hd192/256's
+    # O accumulator the early loads spilled (hd256: 22 words with 64-key blocks).
+    bias_waves: int = 0
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
@@ -152,6 +156,15 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
     rest as for any dynamically scheduled variant (partial blocks never guess the row max)."""
     assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
     tile_n = 128 if key.head_dim_v <= 128 else 64
+    bias_waves = 0
+    if key.score_mod == "bias" and key.head_dim in (64, 128):
+        # A bias tensor's entries are loaded under the score GEMM, one register per score: with
+        # 128-key blocks (64 per thread) hd128 spilled 38 words; 64-key blocks do not.
+        tile_n = 64
+    elif key.score_mod == "bias":
+        # Elsewhere loaded where they are added, in waves: loaded early, hd96 and hd192x128 spilled
+        # 2 words with 64-key blocks and hd256 22.
+        bias_waves = 4
     cfg = FwdConfig(tile_m=128, tile_n=tile_n, num_stages=2,
                     pv_wait="softmax" if key.head_dim_v > 128 else "first_exps")
     # In-kernel score_mods take the row max: with the speculative path their variants executed two
@@ -161,7 +174,7 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD, speculative_max=True, pv_wait="first_exps")
     elif key.head_dim_v > 64:
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
-    cfg = replace(cfg, lse_bulk_store=True, epilogue_addresses_per_tile=key.head_dim_v <= 128)
+    cfg = replace(cfg, lse_bulk_store=True, epilogue_addresses_per_tile=key.head_dim_v <= 128, bias_waves=bias_waves)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0
     return cfg
@@ -307,6 +320,9 @@ class BwdConfig:
     # (ptx.loop_bound_zero) rather than held across the loop. Measured per head dim: hd128 spilled
     # 3 registers without it, hd96 6 with it (score_mod.ScoreBias.accumulate_grad).
     grad_address_per_tile: bool = False
+    # Score_mods whose entries are loaded ("keys" layout): read where they are added, in this many
+    # waves (score_mod.ScoreBias.add), each after the one before has landed.
+    bias_waves: int = 4
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
@@ -325,7 +341,7 @@ class BwdConfig:
 
 def bwd_config(key: VariantKey) -> BwdConfig:
     assert key.kernel == "bwd" and key.tiles == "regular"
-    if key.head_dim <= 64 and (key.softcap or key.score_mod == "relbias"):
+    if key.head_dim <= 64 and (key.softcap or key.score_mod in ("relbias", "bias")):
         # With softcap the probabilities and dS come out of one pass after both GEMMs (tanh is
         # recomputed there): with 128-query blocks its 64 S^T and 64 dP^T registers beside the
         # LSE/dPsum of 32 columns spilled 2-29 registers; 64-query blocks (dQ by one warpgroup,
@@ -361,6 +377,10 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
     if key.score_mod == "relbias" and key.head_dim == 128:
         cfg = replace(cfg, grad_address_per_tile=True)
+    if key.score_mod == "bias" and cfg.layout == "keys":
+        # A bias tensor's entries in as few waves as fit: one wave spilled hd128 (78 words), two do
+        # not; hd64 and hd96 take one (each wave waits for its loads to land).
+        cfg = replace(cfg, bias_waves=1 if key.head_dim <= 96 else 2)
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.

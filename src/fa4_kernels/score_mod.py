@@ -5,10 +5,13 @@ learnable parameters.
 Kinds (catalog.SCORE_MODS):
   "alibi"   bias = slopes[h] * (key - query)                     params (heads, 1)
   "relbias" bias = table[h, clamp(query - key, -c, c) + c]       params (heads, 2c + 1)
+  "bias"    bias = tensor[b, h, query, key]                      params (batch, heads, seqlen_q,
+            seqlen_k), strides 0 where broadcast, keys contiguous
 The bias is divided by the softmax scale (``inv_scale``) and added to the raw scores q . k that
 the accumulators hold (the softmax multiplies them by the scale). The parameters' gradient is
 that of the scaled score, dS, summed over the pairs each parameter touches (fp32, into a zeroed
-(heads, width) tensor).
+tensor of the parameters' shape; a broadcast bias's gradient has its own zero strides, so the
+reductions sum over the broadcast dims).
 
 Coordinates fold as in mask.AttentionMask: a thread's columns are thread 0's (compile-time
 constants) shifted by its own column offset, so key - query is one per-row base plus an
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa4_kernels.hopper_mma import rows_cols_view
 from fa4_kernels.ptx import f32_asm, i32_asm, inline_asm, loop_bound_zero
@@ -64,6 +67,35 @@ def red_add_when(address: Int64, value: Float32, flag: Int32, *, loc=None, ip=No
                "l,f,r,~{memory}", (Int64(address), Float32(value), Int32(flag)), volatile=True, loc=loc, ip=ip)
 
 
+@dsl_user_op
+def red_add_if_below(address: Int64, offset: int, value: Float32, q: Int32, q_end: Int32, k: Int32, k_end: Int32, *,
+                     loc=None, ip=None) -> None:
+    """``*(address + offset bytes) += value`` (fp32 reduction in L2, no result; ``offset`` an
+    immediate) when q < q_end and k < k_end."""
+    inline_asm(None, "{\n.reg .pred p;\nsetp.lt.s32 p, $2, $3;\nsetp.lt.and.s32 p, $4, $5, p;\n"
+               f"@p red.global.add.f32 [$0+{int(offset)}], $1;\n}}",
+               "l,f,r,r,r,r,~{memory}", (Int64(address), Float32(value), Int32(q), Int32(q_end), Int32(k),
+                                         Int32(k_end)), volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def load_global_f32(address: Int64, offset: int, *, loc=None, ip=None) -> Float32:
+    """The fp32 at ``address + offset`` bytes (``offset`` an immediate of the load: no address
+    register per element), through the read-only path (the bias is not written by the kernel)."""
+    return f32_asm(f"ld.global.nc.f32 $0, [$1+{int(offset)}];", "=f,l", (Int64(address),), loc=loc, ip=ip)
+
+
+@dsl_user_op
+def load_global_f32x2(address: Int64, offset: int, *, loc=None, ip=None):
+    """The two fp32 at ``address + offset`` bytes, 8-byte aligned (one 64-bit load: a warp's
+    scalar loads of a score fragment's column pairs use half of each 32-byte sector)."""
+    both = Int64(inline_asm(T.i64(), f"ld.global.nc.b64 $0, [$1+{int(offset)}];", "=l,l", (Int64(address),), loc=loc,
+                            ip=ip))
+    low = f32_asm("{\n.reg .b32 unused;\nmov.b64 {$0, unused}, $1;\n}", "=f,l", (both,), loc=loc, ip=ip)
+    high = f32_asm("{\n.reg .b32 unused;\nmov.b64 {unused, $0}, $1;\n}", "=f,l", (both,), loc=loc, ip=ip)
+    return low, high
+
+
 @cute.jit
 def warp_sum(x: Float32) -> Float32:
     for i in cutlass.range_constexpr(5):
@@ -73,23 +105,25 @@ def warp_sum(x: Float32) -> Float32:
 
 @dataclass(frozen=True)
 class ScoreBias:
-    kind: cutlass.Constexpr[str]  # "alibi" | "relbias"
+    kind: cutlass.Constexpr[str]  # "alibi" | "relbias" | "bias"
     tile_rows: cutlass.Constexpr[int]  # the score tile's shape as held: (tile_m, tile_n), or S^T's
     tile_cols: cutlass.Constexpr[int]
     transposed: cutlass.Constexpr[bool]  # rows are keys and columns queries (the backward's S^T)
-    params: cute.Tensor  # (heads, width) fp32
+    params: cute.Tensor  # (heads, width) fp32; "bias": (batch, heads, seqlen_q, seqlen_k) fp32
     head: Int32
     # alibi: the head's slope / softmax scale; relbias: 1 / softmax scale (read once per head or
     # tile: a load per K/V step sat between the score GEMM's wait and the softmax).
     factor: Float32
+    batch: Int32  # "bias" only: the batch index of the tiles
 
     @staticmethod
     def create(kind: str, tile_rows: int, tile_cols: int, transposed: bool, params: cute.Tensor, head: Int32,
-               inv_scale: Float32) -> "ScoreBias":
+               inv_scale: Float32, batch: Int32 = None) -> "ScoreBias":
         factor = inv_scale
         if const_expr(kind == "alibi"):
             factor = params[head, 0] * inv_scale
-        return ScoreBias(kind, tile_rows, tile_cols, transposed, params, head, factor)
+        return ScoreBias(kind, tile_rows, tile_cols, transposed, params, head, factor,
+                         Int32(0) if batch is None else batch)
 
     @cute.jit
     def _coords(self, thr_mma: cute.ThrMma):
@@ -121,6 +155,8 @@ class ScoreBias:
         from one address (immediate offsets: no per-entry address registers)."""
         if const_expr(self.kind == "alibi"):
             return None
+        if const_expr(self.kind == "bias"):
+            return self._tensor_load(thr_mma, first_row, first_col)
         tScS, t0ScS = self._coords(thr_mma)
         rows, cols = cute.size(tScS, mode=[0]), cute.size(tScS, mode=[1])
         offsets = self._diagonal_offsets(t0ScS, rows, cols)
@@ -147,6 +183,8 @@ class ScoreBias:
         spilled registers)."""
         if const_expr(self.kind == "alibi"):
             self.apply(acc, thr_mma, first_row, first_col)
+        elif const_expr(self.kind == "bias"):
+            self._tensor_add(acc, thr_mma, first_row, first_col, waves)
         else:
             acc_mn = rows_cols_view(acc)
             tScS, t0ScS = self._coords(thr_mma)
@@ -180,6 +218,10 @@ class ScoreBias:
                 base = Float32(self._key_minus_query_base(tScS, r, first_row, first_col))
                 for c in cutlass.range_constexpr(cols):
                     acc_mn[r, c] = acc_mn[r, c] + self.factor * (base + Float32(sign * t0ScS[0, c][1]))
+        elif const_expr(self.kind == "bias"):
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(cols):
+                    acc_mn[r, c] = acc_mn[r, c] + loaded[r * cols + c] * self.factor
         else:
             for i, members in enumerate(self._diagonals(t0ScS, rows, cols).values()):
                 for r1, c1 in members:
@@ -238,6 +280,15 @@ class ScoreBias:
         the two clamped ends, summed per warp first (whole tiles can clamp to one end). All
         per tile: no sums live across the query-block loop (the backward has no registers to
         spare there)."""
+        if const_expr(self.kind == "bias"):
+            self._tensor_grad(dS, thr_mma, first_row, first_col, grad, enabled)
+        else:
+            self._param_grad(dS, thr_mma, first_row, first_col, grad, enabled, address_per_tile)
+
+    @cute.jit
+    def _param_grad(self, dS: cute.Tensor, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32,
+                    grad: cute.Tensor, enabled: Int32, address_per_tile: cutlass.Constexpr[bool]):
+        """accumulate_grad for the (heads, width) parameter kinds."""
         dS_mn = rows_cols_view(dS)
         tScS, t0ScS = self._coords(thr_mma)
         sign = self._col_sign()
@@ -288,3 +339,110 @@ class ScoreBias:
                 red_add_if(reference_address + k * 4, total, -center, d, high)
             red_add_when(row_address, warp_sum(low_end), flush)
             red_add_when(row_address + Int64(width - 1) * 4, warp_sum(high_end), flush)
+
+    # -------------------------------------------------------------- "bias": a tensor
+    def _query_key(self, row, col):
+        """(query, key) of a tile's (row, column): S^T tiles hold keys on rows."""
+        return (col, row) if self.transposed else (row, col)
+
+    def _tensor_elements(self, t0ScS, rows: int, cols: int) -> list:
+        """The thread's fragment as ((row, column), query offset, key offset) at compile time,
+        ordered by query offset: one row of the tensor after another."""
+        elements = [((r, c), *self._query_key(t0ScS[r, 0][0], t0ScS[0, c][1])) for r in range(rows)
+                    for c in range(cols)]
+        return sorted(elements, key=lambda e: (e[1], e[2]))
+
+    @cute.jit
+    def _tensor_origin(self, tensor: cute.Tensor, tScS, first_row: Int32, first_col: Int32):
+        """For ``tensor`` (batch, heads, seqlen_q, seqlen_k), keys contiguous: (this thread's first
+        query and key, the address of the (batch, head) plane, the query stride in bytes,
+        seqlen_q, seqlen_k)."""
+        q0, k0 = self._query_key(first_row + tScS[0, 0][0], first_col + tScS[0, 0][1])
+        plane = tensor.iterator.toint() + Int64(cute.crd2idx((self.batch, self.head, 0, 0), tensor.layout)) * 4
+        q_stride = Int64(cute.crd2idx((0, 0, 1, 0), tensor.layout)) * 4
+        return q0, k0, plane, q_stride, cute.size(tensor, mode=[2]), cute.size(tensor, mode=[3])
+
+    @cute.jit
+    def _tensor_values(self, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32, elements, values):
+        """values[row * cols + column] = the tensor's entry at each of ``elements`` (see
+        _tensor_elements). Where the tile lies inside (seqlen_q, seqlen_k), one address per
+        tensor row and the entries at immediate offsets from it; elsewhere each entry at its
+        position clamped into the tensor (the scores past the sequences are masked, or their rows
+        dropped, whatever is added to them)."""
+        tScS, _ = self._coords(thr_mma)
+        cols = cute.size(tScS, mode=[1])
+        q0, k0, plane, q_stride, seqlen_q, seqlen_k = self._tensor_origin(self.params, tScS, first_row, first_col)
+        q_first, k_first = self._query_key(first_row, first_col)
+        tile_q, tile_k = self._query_key(self.tile_rows, self.tile_cols)
+        if q_first + tile_q <= seqlen_q and k_first + tile_k <= seqlen_k:
+            origin = plane + Int64(q0) * q_stride + Int64(k0) * 4
+            row_address = {dq: origin + q_stride * dq for dq in sorted({e[1] for e in elements})}
+            if const_expr(self.transposed):
+                self._load_entries(values, cols, elements, row_address, False)
+            elif ((plane | q_stride) & 7) == 0:
+                # Rows 8-byte aligned (the thread's first key is even): column pairs in one load.
+                self._load_entries(values, cols, elements, row_address, True)
+            else:
+                self._load_entries(values, cols, elements, row_address, False)
+        else:
+            for (r, c), dq, dk in elements:
+                q = cutlass.min(q0 + dq, seqlen_q - 1)
+                k = cutlass.min(k0 + dk, seqlen_k - 1)
+                values[r * cols + c] = load_global_f32(plane + Int64(q) * q_stride + Int64(k) * 4, 0)
+
+    def _load_entries(self, values, cols: int, elements, row_address: dict, pairs: bool):
+        """values[...] = the entries at ``elements`` from their rows' addresses, adjacent keys of a
+        row in one 64-bit load where ``pairs``."""
+        position = {(dq, dk): r * cols + c for (r, c), dq, dk in elements}
+        for (r, c), dq, dk in elements:
+            if pairs and dk % 2 == 0 and (dq, dk + 1) in position:
+                values[r * cols + c], values[position[(dq, dk + 1)]] = load_global_f32x2(row_address[dq], 4 * dk)
+            elif not (pairs and dk % 2 == 1 and (dq, dk - 1) in position):
+                values[r * cols + c] = load_global_f32(row_address[dq], 4 * dk)
+
+    @cute.jit
+    def _tensor_load(self, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32):
+        """Every entry of the thread's fragment (``load``), in fragment order."""
+        tScS, t0ScS = self._coords(thr_mma)
+        rows, cols = cute.size(tScS, mode=[0]), cute.size(tScS, mode=[1])
+        values = cute.make_rmem_tensor((rows * cols,), Float32)
+        self._tensor_values(thr_mma, first_row, first_col, self._tensor_elements(t0ScS, rows, cols), values)
+        return values
+
+    @cute.jit
+    def _tensor_add(self, acc: cute.Tensor, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32,
+                    waves: cutlass.Constexpr[int]):
+        """``add`` for a tensor: its entries read and added in ``waves`` (see add)."""
+        acc_mn = rows_cols_view(acc)
+        tScS, t0ScS = self._coords(thr_mma)
+        rows, cols = cute.size(tScS, mode=[0]), cute.size(tScS, mode=[1])
+        elements = self._tensor_elements(t0ScS, rows, cols)
+        per_wave = -(-len(elements) // waves)
+        values = cute.make_rmem_tensor((rows * cols,), Float32)
+        delay = Int32(0)
+        for start in cutlass.range_constexpr(0, len(elements), per_wave):
+            wave = elements[start:start + per_wave]
+            self._tensor_values(thr_mma, first_row + delay, first_col, wave, values)
+            for (r, c), _, _ in wave:
+                acc_mn[r, c] = acc_mn[r, c] + values[r * cols + c] * self.factor
+            (r, c), _, _ = wave[-1]
+            delay = delay + zero_after(values[r * cols + c])
+
+    @cute.jit
+    def _tensor_grad(self, dS: cute.Tensor, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32,
+                     grad: cute.Tensor, enabled: Int32):
+        """dS into the tensor's gradient ``grad`` (its shape, fp32, zero strides where the bias
+        broadcasts: the reductions sum there), one L2 reduction per score inside (seqlen_q,
+        seqlen_k), none when not ``enabled``."""
+        dS_mn = rows_cols_view(dS)
+        tScS, t0ScS = self._coords(thr_mma)
+        rows, cols = cute.size(tScS, mode=[0]), cute.size(tScS, mode=[1])
+        q0, k0, plane, q_stride, seqlen_q, seqlen_k = self._tensor_origin(grad, tScS, first_row, first_col)
+        q_end = seqlen_q
+        if enabled == 0:
+            q_end = Int32(0)
+        origin = plane + Int64(q0) * q_stride + Int64(k0) * 4
+        elements = self._tensor_elements(t0ScS, rows, cols)
+        row_address = {dq: origin + q_stride * dq for dq in sorted({e[1] for e in elements})}
+        for (r, c), dq, dk in elements:
+            red_add_if_below(row_address[dq], 4 * dk, dS_mn[r, c], q0 + dq, q_end, k0 + dk, seqlen_k)

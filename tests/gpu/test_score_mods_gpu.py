@@ -173,3 +173,89 @@ def test_compiled_step_matches_eager():
     for a, e in zip(torch.autograd.grad(got.float().square().sum(), (q, slopes)),
                     torch.autograd.grad(want.float().square().sum(), (q, slopes))):
         torch.testing.assert_close(a.float(), e.float(), atol=2e-2 * e.abs().max().item(), rtol=2e-2)
+
+
+BIAS_CASES = [  # (head_dim, head_dim_v, dtype, sq, sk, heads q/kv, mask, bias shape, learnable)
+    (128, 128, torch.bfloat16, 1000, 1000, (4, 2), "causal", "full", True),
+    (64, 64, torch.float16, 777, 901, (4, 4), "random", "queries x keys", True),
+    (96, 96, torch.bfloat16, 700, 513, (2, 1), "none", "key padding", True),
+    (192, 128, torch.bfloat16, 555, 1111, (4, 4), "none", "per head", True),
+    (192, 192, torch.float16, 640, 333, (2, 2), "random", "full", False),
+    (256, 256, torch.bfloat16, 513, 1025, (4, 4), "causal", "queries x keys", True),
+    (128, 128, torch.float16, 129, 4095, (8, 2), "random", "key padding", False),
+    (64, 64, torch.bfloat16, 1537, 1023, (2, 2), "none", "constant along keys", True),
+]
+
+
+def bias_shape(kind, batch, heads, sq, sk):
+    return {"full": (batch, heads, sq, sk), "queries x keys": (sq, sk), "per head": (1, heads, sq, sk),
+            "key padding": (batch, 1, 1, sk), "constant along keys": (batch, heads, sq, 1)}[kind]
+
+
+def bias_case_id(c):
+    learn = "learn" if c[8] else "fixed"
+    return f"d{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}x{c[4]}-h{c[5][0]}/{c[5][1]}-{c[6]}-{c[7]}-{learn}"
+
+
+@pytest.mark.parametrize("case", BIAS_CASES, ids=bias_case_id)
+def test_bias_tensor_forward_and_backward_match_float64(case):
+    """fa4.score_mods.bias(tensor): the kernels read the (broadcast) tensor at every score, edge
+    tiles included, and add dS into its gradient summed over the broadcast dims."""
+    d, dv, dtype, sq, sk, (hq, hk), mask, shape_kind, learnable = case
+    batch = 2
+    g = torch.Generator(device="cpu").manual_seed(sq * 7 + sk)
+    shape = bias_shape(shape_kind, batch, hq, sq, sk)
+    bias = (2 * torch.randn(shape, generator=g)).cuda()
+    if shape_kind == "key padding":  # an additive mask: the last keys of batch 0 get no weight
+        bias[0, ..., sk - 37:] = float("-inf")
+    bias = bias.to(dtype if shape_kind == "per head" else torch.float32).requires_grad_(learnable)
+    mask_mod = {"causal": fa4.masks.causal(), "none": None,
+                "random": random_mask_mod(sq, sk, (128, 128), hq, sq, False)}[mask]
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cuda")
+    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
+    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
+    v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
+    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d].requires_grad_()  # non-contiguous
+    k.requires_grad_(), v.requires_grad_()
+    out, lse = fa4.flex_attention(q, k, v, score_mod=score_mods.bias(bias), block_mask=block_mask, enable_gqa=True,
+                                  return_lse=True)
+    launch = _native.last_launch("fwd")
+    assert launch is not None and launch["name"].endswith("sparse_bias"), launch
+    dout = torch.randn_like(out)
+    wrt = (q, k, v, bias) if learnable else (q, k, v)
+    names = kernel_names(lambda: torch.autograd.grad(out, wrt, dout, retain_graph=True))
+    assert any("fa4_kernelssm90bwd" in n for n in names), names
+    grads = torch.autograd.grad(out, wrt, dout)
+    visible = (torch.ones(1, 1, sq, sk, dtype=torch.bool, device="cuda") if mask_mod is None
+               else create_mask(mask_mod, None, None, sq, sk, device="cuda"))
+    visible = visible & torch.isfinite(bias.detach()).expand(batch, hq, sq, sk)
+    scale = 1.0 / math.sqrt(d)
+    exact = [t.detach().double().requires_grad_() for t in wrt]
+    full = lambda b: b.expand(batch, hq, sq, sk).nan_to_num(neginf=0.0)  # noqa: E731 (masked where -inf)
+    want, want_lse = reference(*exact[:3], full(exact[3] if learnable else bias.double()), visible, scale,
+                               torch.float64)
+    want_grads = torch.autograd.grad(want, exact, dout.double())
+    inputs = [t.detach().requires_grad_() for t in wrt]
+    same, _ = reference(*inputs[:3], full(inputs[3] if learnable else bias.float()), visible, scale, dtype)
+    same_grads = torch.autograd.grad(same.to(dtype), inputs, dout)
+    seen = visible.expand(batch, hq, sq, sk).any(-1)
+    err = (out.double() - want)[seen].abs().max().item()
+    base = (same - want)[seen].abs().max().item()
+    assert err <= 2 * base + 1e-3, (err, base)
+    assert torch.all(out[~seen] == 0)
+    assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 2e-3
+    if learnable:
+        # dS from the stored output (flash_style_param_grad's reason), summed to the bias's shape.
+        q64, k64, v64 = (t.detach().double() for t in exact[:3])
+        k64, v64 = (t.repeat_interleave(hq // hk, 1) for t in (k64, v64))
+        s = (q64 @ k64.transpose(-1, -2)) * scale + full(bias.detach().double())
+        p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)
+        ds = p * (dout.double() @ v64.transpose(-1, -2) - (dout.double() * out.detach().double()).sum(-1, True))
+        sums = [i for i, n in enumerate(bias.shape[-4:] if bias.dim() == 4 else (1, 1) + bias.shape) if n == 1]
+        flash = ds.sum(sums, keepdim=True) if sums else ds
+        same_grads = same_grads[:3] + (flash.reshape(bias.shape),)
+        assert grads[3].shape == bias.shape and grads[3].dtype == bias.dtype
+    for name, got, ref, same_grad in zip(("q", "k", "v", "bias"), grads, want_grads, same_grads):
+        err = (got.double() - ref).abs().max().item()
+        base = (same_grad.double() - ref).abs().max().item()
+        assert err <= 2 * base + 1e-3 * ref.abs().max().item(), (name, err, base)

@@ -115,7 +115,6 @@ SPARSE_MASKS = {  # (mask_mod, lengths, the fallback reason's words): no dense o
 }
 
 FALLBACKS = {  # (mask_mod, score_mod, lengths, the warning's words)
-    "bias": (lambda: None, lambda: score_mods.bias(torch.randn(37, 37, dtype=torch.float64)), (37, 37), "Bias"),
     "custom score": (lambda: None, lambda: (lambda s, b, h, q, kv: s * 0.5), (37, 37), "custom score_mod"),
 }
 

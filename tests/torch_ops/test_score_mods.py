@@ -1,8 +1,8 @@
-"""fa4.score_mods' in-kernel score_mods (alibi, relative_bias) through fa4.flex_attention on the
-CPU path (float64): the block-sparse operators with the bias as data (fa4::fwd_sparse's
+"""fa4.score_mods' in-kernel score_mods (alibi, relative_bias, bias) through fa4.flex_attention on
+the CPU path (float64): the block-sparse operators with the bias as data (fa4::fwd_sparse's
 score_mod / score_params), against torch's score_mod semantics as a dense formula: values, the
-LSE, and the gradients of q, k, v and of the slopes or the table; finite differences; a compiled
-graph; and the arguments refused."""
+LSE, and the gradients of q, k, v and of the slopes, the table or the bias tensor (summed over the
+dims it broadcasts); finite differences; a compiled graph; and the arguments refused."""
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
@@ -128,6 +128,99 @@ def test_compiled_step_matches_eager():
         torch.testing.assert_close(a, e, atol=1e-10, rtol=1e-10)
 
 
+# Bias tensors for (batch 2, HEADS heads, seqlen_q, seqlen_k): every broadcast a model uses.
+BIAS_SHAPES = {
+    "full": lambda sq, sk: (2, HEADS, sq, sk),
+    "2-D (queries, keys)": lambda sq, sk: (sq, sk),
+    "per head": lambda sq, sk: (1, HEADS, sq, sk),
+    "key padding per batch": lambda sq, sk: (2, 1, 1, sk),
+    "constant along keys": lambda sq, sk: (2, HEADS, sq, 1),
+}
+
+
+def make_bias(shape, grad=True, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * 2).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("shape", list(BIAS_SHAPES))
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("lengths", [(37, 37), (29, 45)])
+def test_bias_tensor_matches_the_dense_formula(shape, mask, lengths):
+    sq, sk = lengths
+    bias = make_bias(BIAS_SHAPES[shape](sq, sk))
+    score_mod = score_mods.bias(bias)
+    mask_mod = MASKS[mask]() if MASKS[mask] else None
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu",
+                                                                 BLOCK_SIZE=16)
+    q, k, v = inputs(hq=HEADS, hkv=2, sq=sq, sk=sk, grad=True)
+    plan = flex._sparse_plan("reason", score_mod, None, q, k, v)
+    assert not isinstance(plan, str) and plan.sparse and plan.score[0] == score_mods.BIAS
+    out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                      enable_gqa=True, return_lse=True))
+    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-6)
+    dout = torch.randn_like(want)
+    got = torch.autograd.grad(out, (q, k, v, bias), dout)
+    exp = torch.autograd.grad(want, (q, k, v, bias), dout)
+    for name, a, e in zip(("q", "k", "v", "bias"), got, exp):
+        torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-5, msg=name)
+    assert got[3].shape == bias.shape
+    if shape != "constant along keys":  # that one's gradient is zero: each row's dS sums to 0
+        assert got[3].abs().sum() > 0
+
+
+def test_bias_with_masked_keys_and_a_frozen_bf16_bias():
+    """An additive mask (-inf at some keys, as key padding is often written) gives those keys no
+    weight and no gradient; a bias in another dtype is read as float and gets its gradient in
+    its own dtype."""
+    q, k, v = inputs(hq=HEADS, sq=30, sk=30, grad=True)
+    pad = torch.zeros(2, 1, 1, 30, dtype=torch.float64)
+    pad[0, ..., 25:] = float("-inf")
+    pad.requires_grad_(True)
+    out = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.bias(pad)))
+    want, _ = naive_flex(q, k, v, score_mods.bias(pad))
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    (grad,) = torch.autograd.grad(out.square().sum(), pad)
+    assert torch.isfinite(grad).all() and (grad[0, ..., 25:] == 0).all()
+    low = make_bias((30, 30)).detach().to(torch.bfloat16).requires_grad_(True)
+    out = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.bias(low)))
+    want, _ = naive_flex(q, k, v, score_mods.bias(low.double()))
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    (grad,) = torch.autograd.grad(out.sum(), low)
+    assert grad.dtype == torch.bfloat16 and grad.shape == (30, 30)
+
+
+def test_bias_gradcheck_float64():
+    """Finite differences through q, k, v and a bias broadcast over the batch and the heads."""
+    block_mask = create_block_mask(masks.causal(), None, None, 11, 11, device="cpu", BLOCK_SIZE=16)
+    q, k, v = inputs(b=1, hq=HEADS, hkv=2, sq=11, sk=11, d=8, dv=4, grad=True)
+    bias = make_bias((11, 11))
+
+    def run(q, k, v, bias):
+        return no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.bias(bias), block_mask=block_mask,
+                                                      enable_gqa=True))
+
+    assert torch.autograd.gradcheck(run, (q, k, v, bias), eps=1e-6, atol=1e-5)
+
+
+def test_bad_bias_shapes_are_refused():
+    q, k, v = inputs(hq=HEADS, sq=9, sk=12)
+    for shape in ((3, HEADS, 9, 12), (2, 2, 9, 12), (2, HEADS, 5, 12), (2, HEADS, 9, 7)):
+        with pytest.raises(ValueError, match="bias must broadcast"):
+            fa4.flex_attention(q, k, v, score_mod=score_mods.bias(torch.zeros(shape, dtype=torch.float64)))
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    tables = fa4.block_sparse.build_tables(flex._full_block_mask(9, 12, q.device), 2, HEADS, (128, 128))
+    sparse = (tables.counts, tables.blocks, tables.bits, 128, 128, q.shape[-1] ** -0.5)
+    with pytest.raises(ValueError, match="keys contiguous"):
+        torch.ops.fa4.fwd_sparse(*args, *sparse, 0.0, None, None, None, 0, 0, score_mods.BIAS,
+                                 torch.zeros(12, 9, dtype=torch.float64).t()[None, None])
+    with pytest.raises(TypeError, match="4-D"):
+        torch.ops.fa4.fwd_sparse(*args, *sparse, 0.0, None, None, None, 0, 0, score_mods.BIAS,
+                                 torch.zeros(9, 12, dtype=torch.float64))
+
+
 def test_bad_parameters_are_refused():
     q, k, v = inputs(hq=HEADS, sq=9, sk=9)
     with pytest.raises(ValueError, match="one entry per query head"):
@@ -164,7 +257,8 @@ def test_score_mod_codes_agree_with_the_native_library_and_the_catalog():
     header = (Path(__file__).resolve().parents[2] / "csrc_shims" / "fa4_shim.h").read_text()
     body = re.search(r"enum fa4_score_mod \{([^}]*)\}", header).group(1)
     enum = {name: int(value) for name, value in re.findall(r"FA4_SCORE_(\w+) = (\d+)", body)}
-    assert enum == {"NONE": score_mods.NONE, "ALIBI": score_mods.ALIBI, "RELBIAS": score_mods.RELATIVE_BIAS}
-    codes = {"alibi": score_mods.ALIBI, "relbias": score_mods.RELATIVE_BIAS}  # catalog name -> op code
+    assert enum == {"NONE": score_mods.NONE, "ALIBI": score_mods.ALIBI, "RELBIAS": score_mods.RELATIVE_BIAS,
+                    "BIAS": score_mods.BIAS}
+    codes = {"alibi": score_mods.ALIBI, "relbias": score_mods.RELATIVE_BIAS, "bias": score_mods.BIAS}
     assert set(codes) == set(catalog.SCORE_MODS)
     assert flex._SCORE_KINDS == {score_mods.NONE: "none", **{code: name for name, code in codes.items()}}

@@ -13,9 +13,10 @@ with separate key ids, the same documents in the same order, without one);
 torch.compile. Any other BlockMask (documents that are not contiguous runs, per-row prefix
 lengths, unions, any other mask_mod, or none: the blocks alone) runs fa4's block-sparse kernels
 (fa4.block_sparse: the BlockMask's blocks as tables, its partial blocks as bitmasks), forward and
-backward, eager and under torch.compile. ``fa4.score_mods.alibi(slopes)`` and
-``relative_bias(table)`` run those block-sparse kernels with the bias computed inside them (with
-any BlockMask, or none: a full one), the slopes' or table's gradient included. Every other case
+backward, eager and under torch.compile. ``fa4.score_mods.alibi(slopes)``,
+``relative_bias(table)`` and ``bias(tensor)`` run those block-sparse kernels with the bias computed
+(or read) inside them (with any BlockMask, or none: a full one), the slopes', table's or tensor's
+gradient included. Every other case
 (any other score_mod, ``max_scores``, the block-sparse path in CUDA training under
 torch.use_deterministic_algorithms) runs torch's flex_attention with the same arguments after a
 one-time warning naming the reason: the results are right either way, only the speed differs.
@@ -93,7 +94,7 @@ class _Plan(NamedTuple):
 
 # score_mods fa4's block-sparse kernels compute (fa4.score_mods.kernel_params); with no BlockMask
 # they run over a full one (_full_block_mask).
-_KERNEL_BIASES = (score_mods.Alibi, score_mods.RelativeBias)
+_KERNEL_BIASES = (score_mods.Alibi, score_mods.RelativeBias, score_mods.Bias)
 
 
 def _dense(query, key, value, window, softcap, scale, want_lse):
@@ -170,7 +171,8 @@ def _block_sparse(query, key, value, block_mask, softcap, scale, score=None):
     return out.transpose(1, 2), lse
 
 
-_SCORE_KINDS = {score_mods.NONE: "none", score_mods.ALIBI: "alibi", score_mods.RELATIVE_BIAS: "relbias"}
+_SCORE_KINDS = {score_mods.NONE: "none", score_mods.ALIBI: "alibi", score_mods.RELATIVE_BIAS: "relbias",
+                score_mods.BIAS: "bias"}
 _FULL_MASKS: dict[tuple, object] = {}
 
 
@@ -202,7 +204,8 @@ def _sparse_plan(reason, score_mod, return_aux, query, key, value):
     if (return_aux is not None and return_aux.max_scores) or not (
             score_mod is None or isinstance(score_mod, (score_mods.Softcap, *_KERNEL_BIASES))):
         return reason  # the score_mod / max_scores reason stands
-    score = score_mods.kernel_params(score_mod, query.shape[1], query.device) if score_mod is not None else None
+    dims = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    score = score_mods.kernel_params(score_mod, dims, query.device) if score_mod is not None else None
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, score[1] if score else None))
     if training and query.is_cuda and torch.are_deterministic_algorithms_enabled():

@@ -75,8 +75,9 @@ def _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softma
         raise ValueError(f"kv_bits must hold whole slots of {slot_words} words; got {kv_bits.numel()}")
 
 
-def _check_score_mod(q, softcap, score_mod, score_params):
-    score_mods.check_kernel_params(score_mod, score_params, q.shape[2], q.device)
+def _check_score_mod(q, k, softcap, score_mod, score_params):
+    score_mods.check_kernel_params(score_mod, score_params, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]),
+                                   q.device)
     if score_mod != score_mods.NONE and softcap != 0.0:
         raise ValueError("a score_mod with softcap: fa4 has no such kernel; use torch.nn.attention.flex_attention "
                          "with both in one score_mod")
@@ -87,7 +88,7 @@ def _fwd_sparse_fake(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, sof
                      q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0, score_mod=0,
                      score_params=None):
     _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
-    _check_score_mod(q, softcap, score_mod, score_params)
+    _check_score_mod(q, k, softcap, score_mod, score_params)
     return _empty_outputs(q, v)
 
 
@@ -99,12 +100,12 @@ def _fwd_sparse_cpu(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, soft
                     q_counts=None, q_blocks=None, q_bits=None, bwd_tile_m=0, bwd_tile_n=0, score_mod=0,
                     score_params=None):
     _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softmax_scale, softcap)
-    _check_score_mod(q, softcap, score_mod, score_params)
+    _check_score_mod(q, k, softcap, score_mod, score_params)
     tables = block_sparse.SparseTables(kv_counts, kv_blocks, kv_bits, (tile_m, tile_n))
     visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
     bias = None
     if score_mod != score_mods.NONE:
-        bias = score_mods.reference_bias(score_mod, score_params, k.shape[2], k.shape[1])[0]
+        bias = score_mods.reference_bias(score_mod, score_params, k.shape[2], k.shape[1], q.shape[2])[0]
     return reference.attention_forward(q, k, v, softmax_scale, softcap, _NO_MASK, visible, bias)
 
 
@@ -124,19 +125,20 @@ def _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n):
 
 
 def _empty_score_grad(q, score_mod, score_params, score_grad):
-    """fa4::bwd_sparse's dscore: (heads_q, width) with score_grad, else (0, width); fp32, float64
-    for float64 parameters (CPU)."""
-    width = score_params.shape[1] if score_mod != score_mods.NONE else 0
-    rows = q.shape[2] if score_grad and score_mod != score_mods.NONE else 0
+    """fa4::bwd_sparse's dscore: score_params' shape with score_grad, else that shape with 0 rows
+    ((0, 0) without a score_mod); fp32, float64 for float64 parameters (CPU)."""
+    shape = list(score_params.shape) if score_mod != score_mods.NONE else [0, 0]
+    if not (score_grad and score_mod != score_mods.NONE):
+        shape[0] = 0
     dtype = torch.float64 if score_params is not None and score_params.dtype == torch.float64 else torch.float32
-    return torch.empty((rows, width), dtype=dtype, device=q.device)
+    return torch.empty(shape, dtype=dtype, device=q.device)
 
 
 @torch.library.register_fake("fa4::bwd_sparse")
 def _bwd_sparse_fake(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
                      softcap=0.0, score_mod=0, score_params=None, score_grad=False):
     _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
-    _check_score_mod(q, softcap, score_mod, score_params)
+    _check_score_mod(q, k, softcap, score_mod, score_params)
     return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v), _empty_score_grad(q, score_mod, score_params,
                                                                                            score_grad)
 
@@ -145,13 +147,13 @@ def _bwd_sparse_fake(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, 
 def _bwd_sparse_cpu(dout, q, k, v, out, lse, dlse, q_counts, q_blocks, q_bits, tile_m, tile_n, softmax_scale,
                     softcap=0.0, score_mod=0, score_params=None, score_grad=False):
     _check_sparse_bwd(q, k, q_counts, q_blocks, q_bits, tile_m, tile_n)
-    _check_score_mod(q, softcap, score_mod, score_params)
+    _check_score_mod(q, k, softcap, score_mod, score_params)
     tables = block_sparse.SparseTables(q_counts, q_blocks, q_bits, (tile_m, tile_n), transposed=True)
     visible = block_sparse.dense_mask(tables, q.shape[1], k.shape[1])
     bias = bias_grad = None
     dscore = _empty_score_grad(q, score_mod, score_params, score_grad)
     if score_mod != score_mods.NONE:
-        bias, grad, bias_grad = score_mods.reference_bias(score_mod, score_params, k.shape[2], k.shape[1])
+        bias, grad, bias_grad = score_mods.reference_bias(score_mod, score_params, k.shape[2], k.shape[1], q.shape[2])
         if score_grad:
             dscore = grad
     dq, dk, dv = reference.attention_backward(dout, q, k, v, out, lse, dlse, softmax_scale, softcap, _NO_MASK,

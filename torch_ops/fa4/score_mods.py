@@ -1,10 +1,9 @@
 """score_mod constructors for ``fa4.flex_attention`` that are also ordinary FlexAttention
 score_mods: ``score_mod(score, b, h, q_idx, kv_idx) -> score``, applied to the scaled score
 (q . k * scale) as torch's flex_attention applies them. ``softcap(c)`` runs fa4's compiled softcap
-kernels; ``alibi(slopes)`` and ``relative_bias(table)`` run fa4's block-sparse kernels with the
-bias computed inside them, forward and backward, with the slopes' or the table's gradient when
-they require one; ``bias(tensor)`` runs torch's flex_attention for now, with a one-time warning
-(``fa4.flex``).
+kernels; ``alibi(slopes)``, ``relative_bias(table)`` and ``bias(tensor)`` run fa4's block-sparse
+kernels with the bias computed (or read) inside them, forward and backward, with the slopes',
+the table's or the tensor's gradient when they require one.
 """
 from __future__ import annotations
 
@@ -91,8 +90,12 @@ def relative_bias(table: torch.Tensor) -> RelativeBias:
 
 
 def bias(tensor: torch.Tensor) -> Bias:
-    """An additive bias; it is expanded to 4-D (a (seqlen_q, seqlen_k) bias applies to every
-    batch and head)."""
+    """An additive bias on the scaled scores; it is expanded to 4-D (a (seqlen_q, seqlen_k) bias
+    applies to every batch and head), each dim (batch, heads, seqlen_q, seqlen_k) or 1. fa4's
+    kernels read it as fp32 at every score (another dtype is converted once per call; size-1
+    dims are read with stride 0, never copied) and, when it requires a gradient, add dS into an
+    fp32 gradient of its own shape (summed over the dims it broadcasts), returned in its dtype.
+    -inf entries mask their scores."""
     if not isinstance(tensor, torch.Tensor) or not 2 <= tensor.dim() <= 4:
         raise ValueError("bias must be a tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), 2-D to 4-D")
     while tensor.dim() < 4:
@@ -102,14 +105,39 @@ def bias(tensor: torch.Tensor) -> Bias:
 
 # ------------------------------------------------------------------- in-kernel score_mods
 # Codes of fa4::fwd_sparse's score_mod argument (fa4_score_mod in csrc_shims/fa4_shim.h).
-NONE, ALIBI, RELATIVE_BIAS = 0, 1, 2
-_CODE_NAMES = {ALIBI: "alibi", RELATIVE_BIAS: "relative_bias"}
+NONE, ALIBI, RELATIVE_BIAS, BIAS = 0, 1, 2, 3
+_CODE_NAMES = {ALIBI: "alibi", RELATIVE_BIAS: "relative_bias", BIAS: "bias"}
 
 
-def kernel_params(score_mod, heads: int, device: torch.device):
-    """(code, params) for fa4's block-sparse kernels: ALiBi's slopes as (heads, 1), a relative-bias
-    table as (heads, 2c + 1), fp32 (float64 kept on the CPU; the casts are differentiable:
-    gradients reach the user's tensor) on ``device``; None for score_mods with no kernel."""
+def _bias_sizes_ok(shape, dims) -> bool:
+    """Each of a bias's first three sizes is the call's (batch, heads, seqlen_q) or 1, its last the
+    call's seqlen_k (``dims``: the four)."""
+    return len(shape) == 4 and all(n in (1, full) for n, full in zip(shape[:3], dims[:3])) and shape[3] == dims[3]
+
+
+def kernel_params(score_mod, dims, device: torch.device):
+    """(code, params) for fa4's block-sparse kernels (``dims``: the call's (batch, heads_q,
+    seqlen_q, seqlen_k)): ALiBi's slopes as (heads, 1), a relative-bias table as (heads, 2c + 1),
+    a bias tensor as itself with its keys materialised and contiguous (broadcast dims stay size
+    1: the kernels read them with stride 0); fp32 (float64 kept on the CPU; the casts are
+    differentiable: gradients reach the user's tensor) on ``device``; None for score_mods with no
+    kernel."""
+    heads = dims[1]
+    dtype = torch.float32
+    if isinstance(score_mod, Bias):
+        params = score_mod.bias
+        batch, _, seqlen_q, seqlen_k = dims
+        if not all(n in (1, full) for n, full in zip(params.shape, dims)):
+            raise ValueError(f"bias must broadcast to (batch, heads, seqlen_q, seqlen_k) = {tuple(dims)}, each dim "
+                             f"that size or 1; got {tuple(params.shape)}")
+        if params.dtype == torch.float64 and device.type == "cpu":
+            dtype = torch.float64
+        params = params.to(device=device, dtype=dtype)
+        if params.shape[3] != seqlen_k:  # a bias constant along the keys: the kernels read keys contiguous
+            params = params.expand(*params.shape[:3], seqlen_k)
+        if params.stride(3) != 1:
+            params = params.contiguous()
+        return BIAS, params
     if isinstance(score_mod, Alibi):
         params, what = score_mod.slopes, "alibi slopes must have one entry per query head"
         if params.shape != (heads,):
@@ -123,35 +151,47 @@ def kernel_params(score_mod, heads: int, device: torch.device):
         code = RELATIVE_BIAS
     else:
         return None
-    dtype = torch.float64 if params.dtype == torch.float64 and device.type == "cpu" else torch.float32
+    if params.dtype == torch.float64 and device.type == "cpu":
+        dtype = torch.float64
     return code, params.to(device=device, dtype=dtype)
 
 
-def check_kernel_params(code: int, params, heads: int, device) -> None:
-    """fa4::fwd_sparse's score_mod arguments (the native op makes the same checks)."""
-    if code not in (NONE, ALIBI, RELATIVE_BIAS):
-        raise ValueError(f"score_mod must be 0 (none), 1 (alibi) or 2 (relative_bias); got {code}")
+def check_kernel_params(code: int, params, dims, device) -> None:
+    """fa4::fwd_sparse's score_mod arguments (the native op makes the same checks; ``dims``: the
+    call's (batch, heads_q, seqlen_q, seqlen_k))."""
+    if code not in (NONE, ALIBI, RELATIVE_BIAS, BIAS):
+        raise ValueError(f"score_mod must be 0 (none), 1 (alibi), 2 (relative_bias) or 3 (bias); got {code}")
     if code == NONE:
         return
     name = _CODE_NAMES[code]
+    heads = dims[1]
     if params is None:
         raise ValueError(f"score_params is required with score_mod={name}")
+    rank = 4 if code == BIAS else 2
     if not (params.dtype == torch.float32 or (params.dtype == torch.float64 and device.type == "cpu")) or \
-            params.dim() != 2:
-        raise TypeError(f"score_params must be a 2-D torch.float32 tensor (float64 on the CPU); got "
-                        f"{params.dim()}-D {params.dtype}")
+            params.dim() != rank:
+        raise TypeError(f"score_params{' for bias' if code == BIAS else ''} must be a {rank}-D torch.float32 tensor "
+                        f"(float64 on the CPU); got {params.dim()}-D {params.dtype}")
     if params.device != device:
         raise ValueError("score_params must be on q's device")
+    if code == BIAS:
+        if not _bias_sizes_ok(params.shape, dims) or params.stride(3) != 1:
+            raise ValueError(f"score_params for bias must be (batch or 1, heads_q or 1, seqlen_q or 1, seqlen_k) = "
+                             f"({dims[0]} or 1, {dims[1]} or 1, {dims[2]} or 1, {dims[3]}) with keys contiguous; got "
+                             f"{tuple(params.shape)} strides {params.stride()}")
+        return
     if params.shape[0] != heads or (code == ALIBI and params.shape[1] != 1) or \
             (code == RELATIVE_BIAS and params.shape[1] % 2 != 1):
         want = f"({heads}, 1)" if code == ALIBI else f"({heads}, 2 * max_distance + 1)"
         raise ValueError(f"score_params for {name} must be {want}; got {tuple(params.shape)}")
 
 
-def reference_bias(code: int, params, heads_kv: int, seqlen_k: int):
-    """(bias, grad, bias_grad) for fa4.reference: ``bias(rows)`` (1, hkv, group, rows, seqlen_k) on
-    the scaled scores, and ``bias_grad(rows, ds)``, which adds the gradient of ds into ``grad``
-    (params' shape, fp32 or fp64)."""
+def reference_bias(code: int, params, heads_kv: int, seqlen_k: int, heads: int | None = None):
+    """(bias, grad, bias_grad) for fa4.reference: ``bias(rows)`` (1 or batch, hkv, group, rows,
+    seqlen_k) on the scaled scores, and ``bias_grad(rows, ds)``, which adds the gradient of ds into
+    ``grad`` (params' shape, fp32 or fp64). ``heads``: the query heads (a bias tensor's may be 1)."""
+    if code == BIAS:
+        return _reference_tensor_bias(params, heads_kv, heads)
     acc = torch.float64 if params.dtype == torch.float64 else torch.float32
     heads, width = params.shape
     group = heads // heads_kv
@@ -179,5 +219,33 @@ def reference_bias(code: int, params, heads_kv: int, seqlen_k: int):
             grad[:, 0] += (ds * key_minus_query(rows)).sum((1, 2))
         else:
             grad.index_add_(1, index(rows).reshape(-1), ds.reshape(heads, -1))
+
+    return bias, grad, bias_grad
+
+
+def _reference_tensor_bias(params, heads_kv: int, heads: int):
+    """reference_bias for a bias tensor (batch or 1, heads or 1, seqlen_q or 1, seqlen_k): its
+    gradient sums over the dims it broadcasts."""
+    acc = torch.float64 if params.dtype == torch.float64 else torch.float32
+    grad = torch.zeros(params.shape, dtype=acc, device=params.device)
+    p = params.to(acc)
+
+    def grouped(t):  # (b, heads or 1, ...) -> (b, hkv, group, ...), heads broadcast
+        t = t.expand(t.shape[0], heads, *t.shape[2:])
+        return t.reshape(t.shape[0], heads_kv, heads // heads_kv, *t.shape[2:])
+
+    def bias(rows):
+        return grouped(p if p.shape[2] == 1 else p[:, :, rows])
+
+    def bias_grad(rows, ds):
+        ds = ds.to(acc).reshape(ds.shape[0], heads, len(rows), ds.shape[-1])
+        if grad.shape[0] == 1:
+            ds = ds.sum(0, keepdim=True)
+        if grad.shape[1] == 1:
+            ds = ds.sum(1, keepdim=True)
+        if grad.shape[2] == 1:
+            grad[:, :, :1] += ds.sum(2, keepdim=True)
+        else:
+            grad[:, :, rows] += ds
 
     return bias, grad, bias_grad

@@ -130,6 +130,7 @@ class FlashAttentionBackwardSm90:
         block_sparse: bool = False,
         score_mod: str = "none",
         grad_address_per_tile: bool = False,
+        bias_waves: int = 4,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tables carry the mask"
@@ -161,6 +162,7 @@ class FlashAttentionBackwardSm90:
         self.score_mod = score_mod
         assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
         self.grad_address_per_tile = grad_address_per_tile  # heuristics.BwdConfig
+        self.bias_waves = bias_waves  # heuristics.BwdConfig
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -275,8 +277,8 @@ class FlashAttentionBackwardSm90:
         mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, width) int32 query blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 transposed bitmask slots (AttentionMask.load_bits)
-        mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32 (score_mod.py)
-        mScoreGrad: cute.Tensor,  # their gradient, fp32, zero at launch: (heads_q, width), or (0, width) for none
+        mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32, or "bias"'s 4-D tensor (score_mod.py)
+        mScoreGrad: cute.Tensor,  # their gradient, fp32, zero at launch: params' shape, or 0 rows for none
         softmax_scale: Float32,
         softcap: Float32,
         window_left: Int32,
@@ -962,7 +964,7 @@ class FlashAttentionBackwardSm90:
         for g in cutlass.range(group, unroll=1):
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
-            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale)
+            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale, batch_idx)
             for i in cutlass.range(first, end, unroll=1):
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
@@ -1079,7 +1081,7 @@ class FlashAttentionBackwardSm90:
         for g in cutlass.range(group, unroll=1):
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
-            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale)
+            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale, batch_idx)
             for i in cutlass.range(first, end, unroll=1):
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
@@ -1146,7 +1148,7 @@ class FlashAttentionBackwardSm90:
         for g in cutlass.range(group, unroll=1):
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
-            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale)
+            bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale, batch_idx)
             for i in cutlass.range(first, end, unroll=1):
                 stage = state.index
                 pipeline_do.consumer_wait(state)
@@ -1211,7 +1213,7 @@ class FlashAttentionBackwardSm90:
         ``bias`` (score_mod.ScoreBias; ``loaded``: its score_loads) added first."""
         if const_expr(bias is not None):
             if const_expr(loaded is None and self.layout == "keys"):
-                bias.add(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m)
+                bias.add(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, self.bias_waves)
             else:
                 bias.apply(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, loaded)
         self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start, bits)
@@ -1298,12 +1300,12 @@ class FlashAttentionBackwardSm90:
             if m_block < m_masked_end or m_block >= m_left_start:
                 self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, False)
 
-    def score_bias(self, score_tensors, head, softmax_scale):
+    def score_bias(self, score_tensors, head, softmax_scale, batch):
         """The score_mod's bias on a query head's S^T tiles (score_mod.ScoreBias), or None."""
         if const_expr(self.score_mod == "none"):
             return None
         return ScoreBias.create(self.score_mod, self.tile_n, self.tile_m, True, score_tensors[0], head,
-                                1.0 / softmax_scale)
+                                1.0 / softmax_scale, batch)
 
     @cute.jit
     def score_loads(self, bias, thr_mma_sdp, n_block, m_block):

@@ -106,6 +106,7 @@ class FlashAttentionForwardSm90:
         speculative_max: bool = False,
         rebuild_schedule: bool = False,
         epilogue_addresses_per_tile: bool = False,
+        bias_waves: int = 0,
         block_sparse: bool = False,
         score_mod: str = "none",
         kv_cache: bool = False,
@@ -181,6 +182,10 @@ class FlashAttentionForwardSm90:
         assert not rebuild_schedule or not self.dynamic_schedule, "only the static schedule is rebuilt"
         # The epilogue computes its per-thread addresses at each tile (heuristics.FwdConfig).
         self.epilogue_addresses_per_tile = epilogue_addresses_per_tile
+        # A bias tensor's entries read where they are added, in this many waves, not under the
+        # score GEMM (heuristics.FwdConfig.bias_waves).
+        self.bias_waves = bias_waves
+        assert bias_waves == 0 or score_mod == "bias"
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -297,7 +302,7 @@ class FlashAttentionForwardSm90:
         mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, m_blocks, width) int32 K/V blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 bitmask slots (mask.AttentionMask.load_bits)
-        mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32 (score_mod.py)
+        mScoreParams: cute.Tensor,  # score_mod variants: (heads_q, width) fp32, or "bias"'s 4-D tensor (score_mod.py)
         mPageTable: cute.Tensor,  # kv_cache: (batch, max_pages) int32 pages of each sequence (kv_cache.py)
         mKNew: cute.Tensor,  # kv_cache: (batch, seqlen_new, heads_kv, head_dim) keys to append
         mVNew: cute.Tensor,  # kv_cache: (batch, seqlen_new, heads_kv, head_dim_v)
@@ -830,17 +835,21 @@ class FlashAttentionForwardSm90:
                 # (the K/V block's first key, read at the step's start), then (its loads, issued
                 # under the score GEMM) -> the function adding it to the scores.
                 bias = ScoreBias.create(self.score_mod, self.tile_m, self.tile_n, False, mScoreParams, head_idx,
-                                        Float32(LOG2_E) / softmax.scale_log2)
+                                        Float32(LOG2_E) / softmax.scale_log2, batch_idx)
                 n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
                 if const_expr(self.score_mod == "alibi"):  # its row part goes to the softmax
                     adder = lambda first_key, loaded: (  # noqa: E731
                         lambda acc: bias.apply_split(acc, thr_mma_qk, rows.first_row, first_key))
+                elif const_expr(self.bias_waves > 0):
+                    adder = lambda first_key, loaded: (  # noqa: E731
+                        lambda acc: bias.add(acc, thr_mma_qk, rows.first_row, first_key, self.bias_waves))
                 else:
                     adder = lambda first_key, loaded: (  # noqa: E731
                         lambda acc: bias.apply(acc, thr_mma_qk, rows.first_row, first_key, loaded))
                 bias_at = (
                     lambda n_block: sparse.n_block(n_block_max - 1 - n_block, n_blocks) * self.tile_n,  # noqa: E731
-                    lambda first_key: bias.load(thr_mma_qk, rows.first_row, first_key),  # noqa: E731
+                    lambda first_key: (  # noqa: E731
+                        None if const_expr(self.bias_waves > 0) else bias.load(thr_mma_qk, rows.first_row, first_key)),
                     adder,
                 )
             skipped = Int32(0)
