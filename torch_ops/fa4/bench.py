@@ -7,7 +7,7 @@
     python -m fa4.bench --host                # host (CPU) time per call against SDPA (bench_host)
     python -m fa4.bench --flex-docs 8         # documents and a window through FlexAttention's API
     python -m fa4.bench --flex-sparse         # a random block-sparse mask_mod (fa4's bitmask path)
-    python -m fa4.bench --flex-score          # in-kernel score_mods (alibi, a learned relative bias) + causal
+    python -m fa4.bench --flex-score          # in-kernel score_mods (alibi, relative bias, bias tensor) + causal
     python -m fa4.bench --context-parallel    # ring attention over every visible GPU, fa4 vs cuDNN (bench_cp)
     python -m fa4.bench --sweep               # every run-time strategy per shape vs the automatic one (bench_sweep)
 
@@ -336,15 +336,17 @@ def bench_varlen(args, dtype) -> None:
               f"{args.varlen_docs}x{seqlen} {dense_tflops:6.1f}  ratio {varlen_tflops / dense_tflops:.3f}", flush=True)
 
 
-def forward_and_step(fns, sets, dout, flops, args):
+def forward_and_step(fns, sets, dout, flops, args, forward_only=()):
     """[("fwd", medians), ("fwd+bwd", medians)]: each provider's TFLOP/s (forward, and forward +
-    backward at 3.5x the FLOPs), the median over --rounds rounds, the providers in a rotated
-    order each round, inputs taken in turn from ``sets`` (q, k, v needing gradients)."""
+    backward at 3.5x the FLOPs; not for the providers named in ``forward_only``), the median over
+    --rounds rounds, the providers in a rotated order each round, inputs taken in turn from
+    ``sets`` (q, k, v needing gradients)."""
     out = []
     for what, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):
         result = {}
+        names = [n for n in fns if what == "fwd" or n not in forward_only]
         for r in range(args.rounds):
-            for name in list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]:
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 fn = fns[name]
                 if what == "fwd":
                     call = lambda i, fn=fn: fn(*(t.detach() for t in sets[i % 3]))  # noqa: E731
@@ -499,10 +501,11 @@ def bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v,
 
 
 def bench_flex_score(args, dtype) -> None:
-    """fa4's in-kernel score_mods with a causal BlockMask at --tokens: ALiBi (fixed slopes) and a
+    """fa4's in-kernel score_mods with a causal BlockMask at --tokens: ALiBi (fixed slopes), a
     learned relative-bias table (+-256 positions, clamped beyond; its gradient computed in the
-    backward), through fa4.flex_attention, beside fa4's own causal kernel (no bias: the cost of
-    the bias) and torch's flex_attention compiled with the same score_mods; forward and forward +
+    backward) and a learned (tokens, tokens) bias tensor, through fa4.flex_attention, beside fa4's
+    own causal kernel (no bias: the cost of the bias) and torch's flex_attention compiled with the
+    same score_mods (forward only where its backward does not compile); forward and forward +
     backward (3.5x the forward's FLOPs), TFLOP/s of useful work."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -514,14 +517,22 @@ def bench_flex_score(args, dtype) -> None:
     print(f"\nIn-kernel score_mods with a causal BlockMask, {tokens} tokens: fa4.flex_attention, fa4's causal "
           f"kernel (no bias), torch flex_attention compiled; TFLOP/s of useful work")
     for head_dim, head_dim_v in args.head_dims:
+        # Each score_mod compiles torch's flex_attention a few times (forward, backward, inputs
+        # with and without gradients): past dynamo's recompile limit it would run unfused.
+        torch._dynamo.reset()
         heads = args.hidden // head_dim
         slopes = torch.exp2(-8.0 * torch.arange(1, heads + 1, device="cuda") / heads)  # ALiBi's geometric slopes
         table = (0.1 * torch.randn(heads, 2 * 256 + 1, device="cuda")).requires_grad_()
-        mods = {"alibi": fa4.score_mods.alibi(slopes), "relbias": fa4.score_mods.relative_bias(table)}
+        # A learned (tokens, tokens) fp32 bias broadcast over batch and heads: read at every score,
+        # its gradient summed over the heads by the backward's reductions.
+        bias = (0.1 * torch.randn(tokens, tokens, device="cuda")).requires_grad_()
+        mods = {"alibi": fa4.score_mods.alibi(slopes), "relbias": fa4.score_mods.relative_bias(table),
+                "bias": fa4.score_mods.bias(bias)}
         sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
                       for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
         dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)
         flops = 2 * heads * pairs * (head_dim + head_dim_v)
+        forward_only = set()
         fns = {"fa4 causal": lambda q, k, v: fa4.attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2),
                # Causal as a plain mask_mod without a score_mod: the block-sparse kernels' own cost
@@ -532,12 +543,15 @@ def bench_flex_score(args, dtype) -> None:
                                                                                  block_mask=block_mask)
             flex = lambda q, k, v, mod=mod: compiled(q, k, v, score_mod=mod, block_mask=block_mask)  # noqa: E731
             try:  # torch's Triton kernels may not compile for a score_mod at this head dim
-                torch.autograd.grad(flex(*sets[0]), sets[0], dout)
+                flex(*(t.detach() for t in sets[0]))
                 fns[f"Flex {name}"] = flex
+                torch.autograd.grad(flex(*sets[0]), sets[0], dout)
             except Exception as error:  # noqa: BLE001
-                print(f"  Flex {name} at hd{head_dim_label(head_dim, head_dim_v)} failed: {str(error)[-160:]}")
+                print(f"  Flex {name} at hd{head_dim_label(head_dim, head_dim_v)} failed"
+                      f"{' (timed forward only)' if f'Flex {name}' in fns else ''}: {str(error)[-160:]}")
+                forward_only.add(f"Flex {name}")
         cells = []
-        for what, med in forward_and_step(fns, sets, dout, flops, args):
+        for what, med in forward_and_step(fns, sets, dout, flops, args, forward_only):
             ratios = "  ".join(f"{name}/causal {med[f'fa4.flex {name}'] / med['fa4 causal']:.3f}" + (
                 f"  {name} fa4/Flex {med[f'fa4.flex {name}'] / med[f'Flex {name}']:.3f}" if f"Flex {name}" in med
                 else "") for name in mods)
@@ -620,7 +634,8 @@ def main(argv=None):
     ap.add_argument("--flex-sparse", action="store_true",
                     help="also time a random block-sparse mask_mod through FlexAttention's API (fa4's bitmask path)")
     ap.add_argument("--flex-score", action="store_true",
-                    help="also time fa4's in-kernel score_mods (alibi, a learned relative bias) with a causal mask")
+                    help="also time fa4's in-kernel score_mods (alibi, a learned relative bias, a learned bias "
+                         "tensor) with a causal mask")
     ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
