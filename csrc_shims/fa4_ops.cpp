@@ -619,18 +619,18 @@ struct KvCache {
 };
 
 const char *score_mod_name(int32_t kind) {
-  return kind == FA4_SCORE_ALIBI     ? "alibi"
-         : kind == FA4_SCORE_RELBIAS ? "relative_bias"
-         : kind == FA4_SCORE_BIAS    ? "bias"
-                                     : "none";
+  return kind == FA4_SCORE_ALIBI                               ? "alibi"
+         : kind == FA4_SCORE_RELBIAS                           ? "relative_bias"
+         : kind == FA4_SCORE_BIAS || kind == FA4_SCORE_BIAS16 ? "bias"
+                                                               : "none";
 }
 
-// A bias tensor (FA4_SCORE_BIAS): each of its first three dims the call's (batch, heads_q, seqlen_q)
-// or 1 (broadcast), its last seqlen_k and contiguous.
+// A bias tensor (FA4_SCORE_BIAS; BIAS16 in q's dtype): each of its first three dims the call's
+// (batch, heads_q, seqlen_q) or 1 (broadcast), its last seqlen_k and contiguous.
 void check_bias_tensor(const Tensor &p, const Tensor &q, int64_t seqlen_k) {
-  FA4_TYPE(p.scalar_type() == ScalarType::Float && p.dim() == 4,
-           "score_params for bias must be a 4-D torch.float32 tensor (batch, heads_q, seqlen_q, seqlen_k); got ",
-           p.dim(), "-D ", dtype_name(p.scalar_type()));
+  FA4_TYPE((p.scalar_type() == ScalarType::Float || p.scalar_type() == q.scalar_type()) && p.dim() == 4,
+           "score_params for bias must be a 4-D torch.float32 tensor or one of q's dtype (batch, heads_q, seqlen_q, "
+           "seqlen_k); got ", p.dim(), "-D ", dtype_name(p.scalar_type()));
   const int64_t full[4] = {q.size(0), q.size(2), q.size(1), seqlen_k};
   bool ok = p.size(3) == seqlen_k && p.stride(3) == 1;
   for (int i = 0; i < 3; i++) ok = ok && (p.size(i) == full[i] || p.size(i) == 1);
@@ -656,6 +656,7 @@ ScoreMod check_score_mod(int64_t score_mod, const std::optional<Tensor> &params,
   if (s.kind == FA4_SCORE_BIAS) {
     check_bias_tensor(p, q, seqlen_k);
     s.params = p;  // any strides: the kernel reads them (a copy could be as large as the scores)
+    if (p.scalar_type() != ScalarType::Float) s.kind = FA4_SCORE_BIAS16;  // read in q's dtype
     return s;
   }
   FA4_TYPE(p.scalar_type() == ScalarType::Float && p.dim() == 2, "score_params must be a 2-D torch.float32 tensor; got ",
@@ -674,7 +675,7 @@ ScoreMod check_score_mod(int64_t score_mod, const std::optional<Tensor> &params,
 // tensor's broadcast dims take the call's sizes with stride 0 (score_mod.ScoreBias).
 fa4_tensor score_view(const ScoreMod &s, const Tensor &t, const Tensor &q) {
   fa4_tensor out = view_of(t);
-  if (s.kind != FA4_SCORE_BIAS) return out;
+  if (s.kind != FA4_SCORE_BIAS && s.kind != FA4_SCORE_BIAS16) return out;
   const int64_t full[3] = {q.size(0), q.size(2), q.size(1)};
   for (int i = 0; i < 3; i++)
     if (out.shape[i] == 1) out.shape[i] = full[i], out.stride[i] = 0;

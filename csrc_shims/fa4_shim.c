@@ -159,28 +159,29 @@ static int32_t check_sparse_tables(const fa4_tensor *counts, const fa4_tensor *b
   return FA4_OK;
 }
 
-/* A bias tensor (FA4_SCORE_BIAS) or its gradient (`what`): (b, hq, sq, sk) fp32 as the kernel
- * reads it, keys contiguous, no negative strides (0 where it broadcasts); a gradient may have 0
- * rows (none asked for). */
+/* A bias tensor (FA4_SCORE_BIAS, BIAS16) or its gradient (`what`): (b, hq, sq, sk) as the kernel
+ * reads it, keys contiguous, no negative strides (0 where it broadcasts), aligned to its elements;
+ * a gradient may have 0 rows (none asked for). */
 static int32_t check_bias_tensor(const char *what, const fa4_tensor *t, int64_t b, int64_t hq, int64_t sq, int64_t sk,
-                                 int32_t allow_empty) {
+                                 int32_t allow_empty, int32_t element_bytes) {
   if (!t || !t->data || t->rank != 4 || !(t->shape[0] == b || (allow_empty && t->shape[0] == 0)) ||
       t->shape[1] != hq || t->shape[2] != sq || t->shape[3] != sk || t->stride[3] != 1 || t->stride[0] < 0 ||
-      t->stride[1] < 0 || t->stride[2] < 0 || (uintptr_t)t->data % 4 != 0)
-    return fail(FA4_ERR_BAD_TENSOR, "%s: (b = %lld, heads_q = %lld, seqlen_q = %lld, seqlen_k = %lld) fp32, keys "
+      t->stride[1] < 0 || t->stride[2] < 0 || (uintptr_t)t->data % element_bytes != 0)
+    return fail(FA4_ERR_BAD_TENSOR, "%s: (b = %lld, heads_q = %lld, seqlen_q = %lld, seqlen_k = %lld), keys "
                 "contiguous, strides >= 0", what, (long long)b, (long long)hq, (long long)sq, (long long)sk);
   return FA4_OK;
 }
 
 /* A score_mod launch's parameters (fa4_score_mod in fa4_shim.h): (hq, width) fp32 with a
  * contiguous last dimension (rows may broadcast), width 1 for ALiBi and odd for a relative-bias
- * table; the gradient, when given, (hq or 0, width) with contiguous rows; a bias tensor and its
- * gradient as check_bias_tensor. NULL grad: forward. */
+ * table; the gradient, when given, (hq or 0, width) with contiguous rows; a bias tensor (fp32 or,
+ * BIAS16, 16-bit) and its fp32 gradient as check_bias_tensor. NULL grad: forward. */
 static int32_t check_score_tensors(const fa4_variant *variant, const fa4_tensor *params, const fa4_tensor *grad,
                                    int64_t b, int64_t hq, int64_t sq, int64_t sk) {
-  if (variant->score_mod == FA4_SCORE_BIAS) {
-    int32_t status = check_bias_tensor("score_params", params, b, hq, sq, sk, 0);
-    if (!status && grad) status = check_bias_tensor("score_grad", grad, b, hq, sq, sk, 1);
+  if (variant->score_mod == FA4_SCORE_BIAS || variant->score_mod == FA4_SCORE_BIAS16) {
+    int32_t status =
+        check_bias_tensor("score_params", params, b, hq, sq, sk, 0, variant->score_mod == FA4_SCORE_BIAS ? 4 : 2);
+    if (!status && grad) status = check_bias_tensor("score_grad", grad, b, hq, sq, sk, 1, 4);
     return status;
   }
   if (!params || !params->data || params->rank != 2 || params->shape[0] != hq || params->shape[1] < 1 ||

@@ -17,10 +17,17 @@ extern "C" {
  * divided by the softmax scale. ALIBI: width 1, bias = slope[h] * (key - query). RELBIAS: width
  * 2c + 1, bias = table[h, clamp(query - key, -c, c) + c]. BIAS: score_params (batch, heads_q,
  * seqlen_q, seqlen_k) fp32, keys contiguous, stride 0 where it broadcasts, bias = score_params[b,
- * h, query, key]. The backward adds the gradient of the scaled scores' bias into score_grad (the
- * parameters' shape and, for BIAS, their zero strides) fp32, zero at launch, or skips it when
- * score_grad has 0 rows. */
-enum fa4_score_mod { FA4_SCORE_NONE = 0, FA4_SCORE_ALIBI = 1, FA4_SCORE_RELBIAS = 2, FA4_SCORE_BIAS = 3 };
+ * h, query, key]; BIAS16: the same in the inputs' 16-bit dtype (fa4::fwd_sparse takes both as
+ * score_mod 3 and picks the variant by the tensor's dtype). The backward adds the gradient of the
+ * scaled scores' bias into score_grad (the parameters' shape and, for BIAS/BIAS16, their zero
+ * strides) fp32, zero at launch, or skips it when score_grad has 0 rows. */
+enum fa4_score_mod {
+  FA4_SCORE_NONE = 0,
+  FA4_SCORE_ALIBI = 1,
+  FA4_SCORE_RELBIAS = 2,
+  FA4_SCORE_BIAS = 3,
+  FA4_SCORE_BIAS16 = 4
+};
 
 /* A strided view of device memory; sizes and strides in elements. */
 typedef struct {

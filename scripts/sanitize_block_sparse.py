@@ -5,8 +5,9 @@ tiles, GQA (a backward CTA walks several query heads' tables), more tiles than S
 schedule's hand-off ring), hd128 (128-key tiles, O in its own buffer; backward "keys" layout),
 hd64 (128-query backward blocks) and hd256 (64-key tiles, O in V's buffer; backward "keys_roles"
 layout, dQ through the stages), softcap; the in-kernel score_mods (alibi, a relative-bias table
-shorter than the sequences, bias tensors broadcast over batch, heads or queries, whose edge tiles
-read clamped entries and reduce only inside the sequences), their parameters' gradient included.
+shorter than the sequences, bias tensors (fp32 and bf16) broadcast over batch, heads or queries,
+whose edge tiles read clamped entries and reduce only inside the sequences), their parameters'
+gradient included.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py
 """
@@ -61,5 +62,8 @@ run(1000, 777, 8, 2, 128, 128, score_mods.bias(torch.randn(1000, 777, device=dev
 run(700, 1100, 4, 4, 64, 128, score_mods.bias(torch.randn(2, 1, 1, 1100, device=dev).requires_grad_()))
 run(500, 900, 4, 2, 256, 128, score_mods.bias(torch.randn(1, 4, 500, 900, device=dev).requires_grad_()))
 run(333, 555, 4, 4, 96, 64, score_mods.bias(torch.randn(2, 4, 333, 555, device=dev)))
+run(777, 1001, 4, 2, 128, 128, score_mods.bias(torch.randn(2, 1, 777, 1001, device=dev, dtype=torch.bfloat16)
+                                                  .requires_grad_()))  # read as bf16 ("bias16")
+run(500, 900, 4, 4, 256, 64, score_mods.bias(torch.randn(1, 4, 1, 900, device=dev, dtype=torch.bfloat16)))
 torch.cuda.synchronize()
 print("ok")

@@ -161,7 +161,8 @@ def _compile_fwd(key: catalog.VariantKey):
                                   assumed_align=4)
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), stats(),
-        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(), _score_params(key.score_mod),
+        semaphores, partials, vector(), vector(), vector(), vector(), *_sparse_tables(),
+        _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None),
         page_table, bshd(key.head_dim), bshd(key.head_dim_v),
         Float32(1.0), Float32(0.0), Int32(0), Int32(0), Int32(1), Int32(132), Int32(1), Int32(0), Int32(1),
         Int32(0), Int32(1), Int32(0), make_fake_stream(),
@@ -186,17 +187,20 @@ def _sparse_tables():
     return table(SPARSE_COUNT_FIELDS), table(cute.sym_int()), bits
 
 
-def _score_params(score_mod: str):
-    """A score_mod's parameters (or their gradient): (heads, width) fp32, rows contiguous; for
-    "bias" the (batch, heads, seqlen_q, seqlen_k) tensor, keys contiguous, any other strides (0
-    where it broadcasts) (score_mod.ScoreBias)."""
+def _score_params(score_mod: str, element=None):
+    """A score_mod's parameters (or their gradient): (heads, width) fp32, rows contiguous; for a
+    bias tensor ("bias", "bias16") the (batch, heads, seqlen_q, seqlen_k) tensor of ``element``
+    (default fp32), keys contiguous, any other strides (0 where it broadcasts)
+    (score_mod.ScoreBias)."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.runtime import make_fake_tensor
 
-    if score_mod == "bias":
-        return make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(4)),
-                                stride=tuple(cute.sym_int64() for _ in range(3)) + (1,), assumed_align=4)
+    if score_mod in catalog.TENSOR_SCORE_MODS:
+        element = element or Float32
+        return make_fake_tensor(element, tuple(cute.sym_int() for _ in range(4)),
+                                stride=tuple(cute.sym_int64() for _ in range(3)) + (1,),
+                                assumed_align=element.width // 8)
     return make_fake_tensor(Float32, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
                             assumed_align=4)
 
@@ -225,7 +229,8 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, *_sparse_tables(), _score_params(key.score_mod), _score_params(key.score_mod),
+        dq_semaphore, *_sparse_tables(), _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None),
+        _score_params(key.score_mod),
         Float32(1.0), Float32(0.0), Int32(0),
         Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
@@ -449,7 +454,7 @@ static int32_t {n}_load(int32_t device) {{
                 "sparse": "FA4_MASK_SPARSE"}[key.mask]
         tiles = {"regular": "FA4_TILES_REGULAR", "short": "FA4_TILES_SHORT", "long": "FA4_TILES_LONG"}[key.tiles]
         score = {"none": "FA4_SCORE_NONE", "alibi": "FA4_SCORE_ALIBI", "relbias": "FA4_SCORE_RELBIAS",
-                 "bias": "FA4_SCORE_BIAS"}[key.score_mod]
+                 "bias": "FA4_SCORE_BIAS", "bias16": "FA4_SCORE_BIAS16"}[key.score_mod]
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
                     f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {int(key.kv_cache)}, {cfg.tile_m}, '
                     f'{getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')

@@ -19,8 +19,10 @@ MASKS = ("none", "causal", "local")
 SPARSE_MASK = "sparse"
 # Built-in score_mods evaluated in the kernel (fa4.score_mods; src/fa4_kernels/score_mod.py): an
 # additive bias per score, with its parameters' gradient in the backward. Block-sparse kernels only
-# (fa4.flex_attention's path: any mask becomes tables), every head dim, without softcap.
-SCORE_MODS = ("alibi", "relbias", "bias")
+# (fa4.flex_attention's path: any mask becomes tables), every head dim, without softcap. A bias
+# tensor is read as fp32 ("bias") or in the inputs' dtype ("bias16").
+TENSOR_SCORE_MODS = ("bias", "bias16")  # the kinds that read a bias tensor
+SCORE_MODS = ("alibi", "relbias") + TENSOR_SCORE_MODS
 # KV-cache forwards (fa4.attention_with_kvcache; src/fa4_kernels/kv_cache.py): K/V through a page
 # table (a contiguous cache is one page per sequence), appended rows written by the kernel. Dense
 # query batches, every head dim, mask and softcap; regular tiles.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from fa4_kernels import catalog
 from fa4_kernels.catalog import VariantKey
 
 SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
@@ -109,7 +110,7 @@ class FwdConfig:
     # hd64 dense 4k 640 -> 634; hd256 causal (128 O registers' worth of addresses) 1k 563-565 ->
     # 555-556, 4k 758-761 -> 751-755. So: the dynamic schedule, head_dim_v <= 128.
     epilogue_addresses_per_tile: bool = False
-    # A bias tensor's entries (score_mod "bias") read where they are added, in this many waves
+    # A bias tensor's entries (score_mod "bias", "bias16") read where they are added, in this many waves
     # (score_mod.ScoreBias.add), instead of all at once under the score GEMM (0): beside hd192/256's
     # O accumulator the early loads spilled (hd256: 22 words with 64-key blocks).
     bias_waves: int = 0
@@ -157,11 +158,11 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
     assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
     tile_n = 128 if key.head_dim_v <= 128 else 64
     bias_waves = 0
-    if key.score_mod == "bias" and key.head_dim in (64, 128):
+    if key.score_mod in catalog.TENSOR_SCORE_MODS and key.head_dim in (64, 128):
         # A bias tensor's entries are loaded under the score GEMM, one register per score: with
         # 128-key blocks (64 per thread) hd128 spilled 38 words; 64-key blocks do not.
         tile_n = 64
-    elif key.score_mod == "bias":
+    elif key.score_mod in catalog.TENSOR_SCORE_MODS:
         # Elsewhere loaded where they are added, in waves: loaded early, hd96 and hd192x128 spilled
         # 2 words with 64-key blocks and hd256 22.
         bias_waves = 4
@@ -341,7 +342,7 @@ class BwdConfig:
 
 def bwd_config(key: VariantKey) -> BwdConfig:
     assert key.kernel == "bwd" and key.tiles == "regular"
-    if key.head_dim <= 64 and (key.softcap or key.score_mod in ("relbias", "bias")):
+    if key.head_dim <= 64 and (key.softcap or key.score_mod == "relbias" or key.score_mod in catalog.TENSOR_SCORE_MODS):
         # With softcap the probabilities and dS come out of one pass after both GEMMs (tanh is
         # recomputed there): with 128-query blocks its 64 S^T and 64 dP^T registers beside the
         # LSE/dPsum of 32 columns spilled 2-29 registers; 64-query blocks (dQ by one warpgroup,
@@ -377,7 +378,7 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
     if key.score_mod == "relbias" and key.head_dim == 128:
         cfg = replace(cfg, grad_address_per_tile=True)
-    if key.score_mod == "bias" and cfg.layout == "keys":
+    if key.score_mod in catalog.TENSOR_SCORE_MODS and cfg.layout == "keys":
         # A bias tensor's entries in as few waves as fit: one wave spilled hd128 (78 words), two do
         # not; hd64 and hd96 take one (each wave waits for its loads to land).
         cfg = replace(cfg, bias_waves=1 if key.head_dim <= 96 else 2)

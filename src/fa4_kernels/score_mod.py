@@ -6,7 +6,8 @@ Kinds (catalog.SCORE_MODS):
   "alibi"   bias = slopes[h] * (key - query)                     params (heads, 1)
   "relbias" bias = table[h, clamp(query - key, -c, c) + c]       params (heads, 2c + 1)
   "bias"    bias = tensor[b, h, query, key]                      params (batch, heads, seqlen_q,
-            seqlen_k), strides 0 where broadcast, keys contiguous
+            seqlen_k), strides 0 where broadcast, keys contiguous, fp32
+  "bias16"  the same, the tensor in the inputs' 16-bit dtype (read as such: half the bytes)
 The bias is divided by the softmax scale (``inv_scale``) and added to the raw scores q . k that
 the accumulators hold (the softmax multiplies them by the scale). The parameters' gradient is
 that of the scaled score, dS, summed over the pairs each parameter touches (fp32, into a zeroed
@@ -25,6 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from fa4_kernels.catalog import TENSOR_SCORE_MODS
 from fa4_kernels.hopper_mma import rows_cols_view
 from fa4_kernels.ptx import f32_asm, i32_asm, inline_asm, loop_bound_zero
 
@@ -86,6 +88,25 @@ def load_global_f32(address: Int64, offset: int, *, loc=None, ip=None) -> Float3
 
 
 @dsl_user_op
+def load_global_16(address: Int64, offset: int, is_bf16: bool, *, loc=None, ip=None) -> Float32:
+    """The bf16 or fp16 at ``address + offset`` bytes, as fp32 (read-only path)."""
+    kind = "bf16" if is_bf16 else "f16"
+    return f32_asm(f"{{\n.reg .b16 h16;\nld.global.nc.b16 h16, [$1+{int(offset)}];\ncvt.f32.{kind} $0, h16;\n}}",
+                   "=f,l", (Int64(address),), loc=loc, ip=ip)
+
+
+@dsl_user_op
+def load_global_16x2(address: Int64, offset: int, is_bf16: bool, *, loc=None, ip=None):
+    """The two bf16 or fp16 at ``address + offset`` bytes, 4-byte aligned, as fp32 (one 32-bit load)."""
+    kind = "bf16" if is_bf16 else "f16"
+    both = i32_asm(f"ld.global.nc.b32 $0, [$1+{int(offset)}];", "=r,l", (Int64(address),), loc=loc, ip=ip)
+    unpack = "{{\n.reg .b16 h16a, h16b;\nmov.b32 {{h16a, h16b}}, $1;\ncvt.f32.%s $0, %s;\n}}" % (kind, "{}")
+    low = f32_asm(unpack.format("h16a"), "=f,r", (both,), loc=loc, ip=ip)
+    high = f32_asm(unpack.format("h16b"), "=f,r", (both,), loc=loc, ip=ip)
+    return low, high
+
+
+@dsl_user_op
 def load_global_f32x2(address: Int64, offset: int, *, loc=None, ip=None):
     """The two fp32 at ``address + offset`` bytes, 8-byte aligned (one 64-bit load: a warp's
     scalar loads of a score fragment's column pairs use half of each 32-byte sector)."""
@@ -103,18 +124,22 @@ def warp_sum(x: Float32) -> Float32:
     return x
 
 
+# The kinds that read a bias tensor (fp32, or the inputs' 16-bit dtype).
+TENSOR_KINDS = TENSOR_SCORE_MODS
+
+
 @dataclass(frozen=True)
 class ScoreBias:
-    kind: cutlass.Constexpr[str]  # "alibi" | "relbias" | "bias"
+    kind: cutlass.Constexpr[str]  # "alibi" | "relbias" | TENSOR_KINDS
     tile_rows: cutlass.Constexpr[int]  # the score tile's shape as held: (tile_m, tile_n), or S^T's
     tile_cols: cutlass.Constexpr[int]
     transposed: cutlass.Constexpr[bool]  # rows are keys and columns queries (the backward's S^T)
-    params: cute.Tensor  # (heads, width) fp32; "bias": (batch, heads, seqlen_q, seqlen_k) fp32
+    params: cute.Tensor  # (heads, width) fp32; TENSOR_KINDS: (batch, heads, seqlen_q, seqlen_k)
     head: Int32
     # alibi: the head's slope / softmax scale; relbias: 1 / softmax scale (read once per head or
     # tile: a load per K/V step sat between the score GEMM's wait and the softmax).
     factor: Float32
-    batch: Int32  # "bias" only: the batch index of the tiles
+    batch: Int32  # TENSOR_KINDS only: the batch index of the tiles
 
     @staticmethod
     def create(kind: str, tile_rows: int, tile_cols: int, transposed: bool, params: cute.Tensor, head: Int32,
@@ -155,7 +180,7 @@ class ScoreBias:
         from one address (immediate offsets: no per-entry address registers)."""
         if const_expr(self.kind == "alibi"):
             return None
-        if const_expr(self.kind == "bias"):
+        if const_expr(self.kind in TENSOR_KINDS):
             return self._tensor_load(thr_mma, first_row, first_col)
         tScS, t0ScS = self._coords(thr_mma)
         rows, cols = cute.size(tScS, mode=[0]), cute.size(tScS, mode=[1])
@@ -183,7 +208,7 @@ class ScoreBias:
         spilled registers)."""
         if const_expr(self.kind == "alibi"):
             self.apply(acc, thr_mma, first_row, first_col)
-        elif const_expr(self.kind == "bias"):
+        elif const_expr(self.kind in TENSOR_KINDS):
             self._tensor_add(acc, thr_mma, first_row, first_col, waves)
         else:
             acc_mn = rows_cols_view(acc)
@@ -218,7 +243,7 @@ class ScoreBias:
                 base = Float32(self._key_minus_query_base(tScS, r, first_row, first_col))
                 for c in cutlass.range_constexpr(cols):
                     acc_mn[r, c] = acc_mn[r, c] + self.factor * (base + Float32(sign * t0ScS[0, c][1]))
-        elif const_expr(self.kind == "bias"):
+        elif const_expr(self.kind in TENSOR_KINDS):
             for r in cutlass.range_constexpr(rows):
                 for c in cutlass.range_constexpr(cols):
                     acc_mn[r, c] = acc_mn[r, c] + loaded[r * cols + c] * self.factor
@@ -280,7 +305,7 @@ class ScoreBias:
         the two clamped ends, summed per warp first (whole tiles can clamp to one end). All
         per tile: no sums live across the query-block loop (the backward has no registers to
         spare there)."""
-        if const_expr(self.kind == "bias"):
+        if const_expr(self.kind in TENSOR_KINDS):
             self._tensor_grad(dS, thr_mma, first_row, first_col, grad, enabled)
         else:
             self._param_grad(dS, thr_mma, first_row, first_col, grad, enabled, address_per_tile)
@@ -358,8 +383,9 @@ class ScoreBias:
         query and key, the address of the (batch, head) plane, the query stride in bytes,
         seqlen_q, seqlen_k)."""
         q0, k0 = self._query_key(first_row + tScS[0, 0][0], first_col + tScS[0, 0][1])
-        plane = tensor.iterator.toint() + Int64(cute.crd2idx((self.batch, self.head, 0, 0), tensor.layout)) * 4
-        q_stride = Int64(cute.crd2idx((0, 0, 1, 0), tensor.layout)) * 4
+        size = tensor.element_type.width // 8
+        plane = tensor.iterator.toint() + Int64(cute.crd2idx((self.batch, self.head, 0, 0), tensor.layout)) * size
+        q_stride = Int64(cute.crd2idx((0, 0, 1, 0), tensor.layout)) * size
         return q0, k0, plane, q_stride, cute.size(tensor, mode=[2]), cute.size(tensor, mode=[3])
 
     @cute.jit
@@ -374,13 +400,14 @@ class ScoreBias:
         q0, k0, plane, q_stride, seqlen_q, seqlen_k = self._tensor_origin(self.params, tScS, first_row, first_col)
         q_first, k_first = self._query_key(first_row, first_col)
         tile_q, tile_k = self._query_key(self.tile_rows, self.tile_cols)
+        size = self.params.element_type.width // 8
         if q_first + tile_q <= seqlen_q and k_first + tile_k <= seqlen_k:
-            origin = plane + Int64(q0) * q_stride + Int64(k0) * 4
+            origin = plane + Int64(q0) * q_stride + Int64(k0) * size
             row_address = {dq: origin + q_stride * dq for dq in sorted({e[1] for e in elements})}
             if const_expr(self.transposed):
                 self._load_entries(values, cols, elements, row_address, False)
-            elif ((plane | q_stride) & 7) == 0:
-                # Rows 8-byte aligned (the thread's first key is even): column pairs in one load.
+            elif ((plane | q_stride) & (2 * size - 1)) == 0:
+                # Rows aligned to a pair (the thread's first key is even): column pairs in one load.
                 self._load_entries(values, cols, elements, row_address, True)
             else:
                 self._load_entries(values, cols, elements, row_address, False)
@@ -388,17 +415,30 @@ class ScoreBias:
             for (r, c), dq, dk in elements:
                 q = cutlass.min(q0 + dq, seqlen_q - 1)
                 k = cutlass.min(k0 + dk, seqlen_k - 1)
-                values[r * cols + c] = load_global_f32(plane + Int64(q) * q_stride + Int64(k) * 4, 0)
+                values[r * cols + c] = self._load_entry(plane + Int64(q) * q_stride + Int64(k) * size, 0)
+
+    def _load_entry(self, address: Int64, offset: int) -> Float32:
+        """The tensor's entry at ``address + offset`` bytes, as fp32."""
+        element = self.params.element_type
+        if element == Float32:
+            return load_global_f32(address, offset)
+        return load_global_16(address, offset, element == cutlass.BFloat16)
 
     def _load_entries(self, values, cols: int, elements, row_address: dict, pairs: bool):
         """values[...] = the entries at ``elements`` from their rows' addresses, adjacent keys of a
-        row in one 64-bit load where ``pairs``."""
+        row in one load where ``pairs``."""
+        element = self.params.element_type
+        size = element.width // 8
         position = {(dq, dk): r * cols + c for (r, c), dq, dk in elements}
         for (r, c), dq, dk in elements:
             if pairs and dk % 2 == 0 and (dq, dk + 1) in position:
-                values[r * cols + c], values[position[(dq, dk + 1)]] = load_global_f32x2(row_address[dq], 4 * dk)
+                if element == Float32:
+                    pair = load_global_f32x2(row_address[dq], size * dk)
+                else:
+                    pair = load_global_16x2(row_address[dq], size * dk, element == cutlass.BFloat16)
+                values[r * cols + c], values[position[(dq, dk + 1)]] = pair
             elif not (pairs and dk % 2 == 1 and (dq, dk - 1) in position):
-                values[r * cols + c] = load_global_f32(row_address[dq], 4 * dk)
+                values[r * cols + c] = self._load_entry(row_address[dq], size * dk)
 
     @cute.jit
     def _tensor_load(self, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32):

@@ -133,7 +133,7 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
         assert cfg.tile_m == 128 and cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0, key.name
         assert not cfg.split_tail and not cfg.skip_dead_blocks and cfg.lse_bulk_store, key.name
     assert {heuristics.fwd_config(k).tile_n for k in sparse if k.head_dim_v > 128} == {64}
-    for key in (k for k in sparse if k.score_mod == "bias"):
+    for key in (k for k in sparse if k.score_mod in catalog.TENSOR_SCORE_MODS):
         # A bias tensor's entries: loaded under the score GEMM at hd64/hd128 with 64-key blocks
         # (one register per score), elsewhere in waves where they are added, the plain tiles.
         cfg, plain = heuristics.fwd_config(key), heuristics.fwd_config(dataclasses.replace(key, score_mod="alibi"))
@@ -141,21 +141,22 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
             assert cfg.tile_n == 64 and cfg.bias_waves == 0, key.name
         else:
             assert cfg.tile_n == plain.tile_n and cfg.bias_waves == 4, key.name
-    assert all(heuristics.fwd_config(k).bias_waves == 0 for k in forward_variants() if k.score_mod != "bias")
+    assert all(heuristics.fwd_config(k).bias_waves == 0 for k in forward_variants()
+               if k.score_mod not in catalog.TENSOR_SCORE_MODS)
     sparse_bwd = [v for v in catalog.all_variants() if v.kernel == "bwd" and v.mask == catalog.SPARSE_MASK]
     assert len(sparse_bwd) == len(sparse)
     for key in sparse_bwd:
         cfg = heuristics.bwd_config(key)
         assert cfg.tile_m % 32 == 0 and not key.varlen, key.name
         dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none"))
-        if key.score_mod in ("relbias", "bias") and key.head_dim <= 64:
+        if (key.score_mod == "relbias" or key.score_mod in catalog.TENSOR_SCORE_MODS) and key.head_dim <= 64:
             # The table's or tensor's reads and reductions take hd64's softcap shape: 64-query blocks.
             dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none", softcap=True))
             assert cfg.tile_m == 64, key.name
         # The relative bias's gradient address per tile where it measured spill-free.
         assert cfg.grad_address_per_tile == (key.score_mod == "relbias" and key.head_dim == 128), key.name
         # A bias tensor's entries in the fewest waves that do not spill ("keys" layout).
-        waves = {64: 1, 96: 1, 128: 2}.get(key.head_dim, 4) if key.score_mod == "bias" else 4
+        waves = {64: 1, 96: 1, 128: 2}.get(key.head_dim, 4) if key.score_mod in catalog.TENSOR_SCORE_MODS else 4
         assert cfg.bias_waves == waves, key.name
         assert dataclasses.replace(cfg, grad_address_per_tile=False, bias_waves=4) == dense, key.name
 

@@ -44,27 +44,78 @@ def reference(q, k, v, bias, visible, scale, dtype):
     return (p.to(dtype) @ v).to(torch.float64), lse
 
 
-def flash_style_param_grad(kind, exact, params, visible, scale, dout, out):
-    """The slopes' / table's gradient in float64 from dS = P (dP - rowsum(dO out)) with ``out`` the
-    call's stored (rounded) output, as a flash-style backward forms it."""
+def flash_style_grad(bias_full, params, exact, visible, scale, dout, out):
+    """The bias parameters' gradient in float64 from dS = P (dP - rowsum(dO out)) with ``out`` the
+    call's stored (rounded) output, as a flash-style backward forms it: the bias function's
+    vector-Jacobian product with dS (``bias_full(params)``: the bias on the scaled scores,
+    broadcastable to (batch, heads, sq, sk))."""
     q, k, v = (t.detach() for t in exact[:3])
-    hq, sq, sk = q.shape[1], q.shape[2], k.shape[2]
+    hq = q.shape[1]
     k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
-    s = (q @ k.transpose(-1, -2)) * scale + bias_of(kind, params, sq, sk)
-    s = s.masked_fill(~visible, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
+    p64 = params.detach().double().requires_grad_()
+    s = (q @ k.transpose(-1, -2)) * scale + bias_full(p64.detach())
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)
     ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
-    grad = torch.zeros_like(params)
-    if kind == "alibi":
-        rows = torch.arange(sq, device=q.device)[:, None]
-        cols = torch.arange(sk, device=q.device)[None, :]
-        return (ds * (cols - rows)).sum((0, 2, 3))
-    center = params.shape[1] // 2
-    index = (torch.arange(sq, device=q.device)[:, None] - torch.arange(sk, device=q.device)[None, :]).clamp(
-        -center, center) + center
-    for h in range(hq):
-        grad[h].index_add_(0, index.reshape(-1), ds[:, h].sum(0).reshape(-1))
+    (grad,) = torch.autograd.grad((bias_full(p64).expand_as(ds) * ds).sum(), p64)
     return grad
+
+
+def check_call(score_mod, params, learnable, bias_full, suffix, d, dv, dtype, sq, sk, hq, hk, mask, batch=2,
+               visible_too=None):
+    """fa4.flex_attention with ``score_mod`` (its parameters ``params``; ``bias_full(params)`` the
+    bias on the scaled scores, broadcastable to (batch, hq, sq, sk)) on odd-shaped inputs (q not
+    contiguous) under ``mask``: the variant ``..._sparse_<suffix>`` runs forward and fa4's
+    backward kernel after it; outputs and the LSE against float64 within twice the error of the
+    same math in ``dtype``; the gradients of q, k, v (and of the parameters when ``learnable``,
+    against the flash-style formula: flash_style_grad) within twice that math's error.
+    ``visible_too``: a further (batch, hq, sq, sk)-broadcastable mask (a bias's -inf)."""
+    mask_mod = {"causal": fa4.masks.causal(), "none": None,
+                "random": random_mask_mod(sq, sk, (128, 128), hq, sq, False)}[mask]
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cuda")
+    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
+    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
+    v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
+    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d].requires_grad_()  # non-contiguous
+    k.requires_grad_(), v.requires_grad_()
+    out, lse = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
+                                  return_lse=True)
+    launch = _native.last_launch("fwd")
+    assert launch is not None and launch["name"].endswith(f"sparse_{suffix}"), launch
+    dout = torch.randn_like(out)
+    wrt = (q, k, v, params) if learnable else (q, k, v)
+    names = kernel_names(lambda: torch.autograd.grad(out, wrt, dout, retain_graph=True))
+    assert any("fa4_kernelssm90bwd" in n for n in names), names
+    grads = torch.autograd.grad(out, wrt, dout)
+    visible = (torch.ones(1, 1, sq, sk, dtype=torch.bool, device="cuda") if mask_mod is None
+               else create_mask(mask_mod, None, None, sq, sk, device="cuda"))
+    if visible_too is not None:
+        visible = visible & visible_too
+    scale = 1.0 / math.sqrt(d)
+    exact = [t.detach().double().requires_grad_() for t in wrt]
+    want, want_lse = reference(*exact[:3], bias_full(exact[3] if learnable else params.double()), visible, scale,
+                               torch.float64)
+    want_grads = torch.autograd.grad(want, exact, dout.double())
+    inputs = [t.detach().requires_grad_() for t in wrt]
+    same, _ = reference(*inputs[:3], bias_full(inputs[3] if learnable else params.float()), visible, scale, dtype)
+    same_grads = torch.autograd.grad(same.to(dtype), inputs, dout)
+    seen = visible.expand(batch, hq, sq, sk).any(-1)
+    err = (out.double() - want)[seen].abs().max().item()
+    base = (same - want)[seen].abs().max().item()
+    assert err <= 2 * base + 1e-3, (err, base)
+    assert torch.all(out[~seen] == 0)
+    assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 2e-3
+    if learnable:
+        # The parameters' gradient sums dS over ~10^6 pairs (alibi's weighted by distances up to the
+        # sequence length), and dS = P (dP - rowsum(dO O)) holds O as stored, in the input dtype (as
+        # every flash-style backward, torch's flex_attention too): its rounding, not the same math's,
+        # sets the error there.
+        same_grads = same_grads[:3] + (flash_style_grad(bias_full, params, exact, visible, scale, dout.double(),
+                                                        out.detach().double()),)
+        assert grads[3].shape == params.shape and grads[3].dtype == params.dtype
+    for name, got, ref, same_grad in zip(("q", "k", "v", "params"), grads, want_grads, same_grads):
+        err = (got.double() - ref).abs().max().item()
+        base = (same_grad.double() - ref).abs().max().item()
+        assert err <= 2 * base + 1e-3 * ref.abs().max().item(), (name, err, base)
 
 
 CASES = [  # (kind, head_dim, head_dim_v, dtype, sq, sk, heads q/kv, mask, table center, learnable)
@@ -87,7 +138,6 @@ def case_id(c):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_score_mod_forward_and_backward_match_float64(case):
     kind, d, dv, dtype, sq, sk, (hq, hk), mask, center, learnable = case
-    batch = 2
     g = torch.Generator(device="cpu").manual_seed(sq + sk)
     if kind == "alibi":
         params = torch.exp2(-8.0 * torch.arange(1, hq + 1) / hq).cuda()
@@ -95,51 +145,8 @@ def test_score_mod_forward_and_backward_match_float64(case):
         params = (0.5 * torch.randn(hq, 2 * center + 1, generator=g)).cuda()
     params.requires_grad_(learnable)
     score_mod = score_mods.alibi(params) if kind == "alibi" else score_mods.relative_bias(params)
-    mask_mod = {"causal": fa4.masks.causal(), "none": None,
-                "random": random_mask_mod(sq, sk, (128, 128), hq, sq, False)}[mask]
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cuda")
-    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
-    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
-    v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
-    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d].requires_grad_()  # non-contiguous
-    k.requires_grad_(), v.requires_grad_()
-    out, lse = fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True,
-                                  return_lse=True)
-    launch = _native.last_launch("fwd")
-    assert launch is not None and launch["name"].endswith(f"sparse_{kind}"), launch
-    dout = torch.randn_like(out)
-    wrt = (q, k, v, params) if learnable else (q, k, v)
-    names = kernel_names(lambda: torch.autograd.grad(out, wrt, dout, retain_graph=True))
-    assert any("fa4_kernelssm90bwd" in n for n in names), names
-    grads = torch.autograd.grad(out, wrt, dout)
-    visible = (torch.ones(1, 1, sq, sk, dtype=torch.bool, device="cuda") if mask_mod is None
-               else create_mask(mask_mod, None, None, sq, sk, device="cuda"))
-    scale = 1.0 / math.sqrt(d)
-    exact = [t.detach().double().requires_grad_() for t in wrt]
-    want, want_lse = reference(*exact[:3], bias_of(kind, exact[3] if learnable else params.double(), sq, sk),
-                               visible, scale, torch.float64)
-    want_grads = torch.autograd.grad(want, exact, dout.double())
-    inputs = [t.detach().requires_grad_() for t in wrt]
-    same, _ = reference(*inputs[:3], bias_of(kind, inputs[3] if learnable else params.float(), sq, sk),
-                        visible, scale, dtype)
-    same_grads = torch.autograd.grad(same.to(dtype), inputs, dout)
-    seen = visible.expand(batch, hq, sq, sk).any(-1)
-    err = (out.double() - want)[seen].abs().max().item()
-    base = (same - want)[seen].abs().max().item()
-    assert err <= 2 * base + 1e-3, (err, base)
-    assert torch.all(out[~seen] == 0)
-    assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 2e-3
-    if learnable:
-        # The parameters' gradient sums dS over ~10^6 pairs, alibi's weighted by distances up to the
-        # sequence length, and dS = P (dP - rowsum(dO O)) holds O as stored, in the input dtype (as
-        # every flash-style backward, torch's flex_attention too): its rounding, not the same math's,
-        # sets the error there.
-        same_grads = same_grads[:3] + (flash_style_param_grad(kind, exact, params.double(), visible, scale,
-                                                              dout.double(), out.detach().double()),)
-    for name, got, ref, same_grad in zip(("q", "k", "v", kind), grads, want_grads, same_grads):
-        err = (got.double() - ref).abs().max().item()
-        base = (same_grad.double() - ref).abs().max().item()
-        assert err <= 2 * base + 1e-3 * ref.abs().max().item(), (name, err, base)
+    check_call(score_mod, params, learnable, lambda p: bias_of(kind, p, sq, sk), kind, d, dv, dtype, sq, sk, hq, hk,
+               mask)
 
 
 def test_repeated_runs_agree_within_reduction_order():
@@ -204,58 +211,13 @@ def test_bias_tensor_forward_and_backward_match_float64(case):
     d, dv, dtype, sq, sk, (hq, hk), mask, shape_kind, learnable = case
     batch = 2
     g = torch.Generator(device="cpu").manual_seed(sq * 7 + sk)
-    shape = bias_shape(shape_kind, batch, hq, sq, sk)
-    bias = (2 * torch.randn(shape, generator=g)).cuda()
+    bias = (2 * torch.randn(bias_shape(shape_kind, batch, hq, sq, sk), generator=g)).cuda()
     if shape_kind == "key padding":  # an additive mask: the last keys of batch 0 get no weight
         bias[0, ..., sk - 37:] = float("-inf")
-    bias = bias.to(dtype if shape_kind == "per head" else torch.float32).requires_grad_(learnable)
-    mask_mod = {"causal": fa4.masks.causal(), "none": None,
-                "random": random_mask_mod(sq, sk, (128, 128), hq, sq, False)}[mask]
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cuda")
-    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
-    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=dtype)
-    v = torch.randn(batch, hk, sk, dv, device="cuda", dtype=dtype)
-    q = torch.cat([q, torch.randn_like(q)], -1)[..., :d].requires_grad_()  # non-contiguous
-    k.requires_grad_(), v.requires_grad_()
-    out, lse = fa4.flex_attention(q, k, v, score_mod=score_mods.bias(bias), block_mask=block_mask, enable_gqa=True,
-                                  return_lse=True)
-    launch = _native.last_launch("fwd")
-    assert launch is not None and launch["name"].endswith("sparse_bias"), launch
-    dout = torch.randn_like(out)
-    wrt = (q, k, v, bias) if learnable else (q, k, v)
-    names = kernel_names(lambda: torch.autograd.grad(out, wrt, dout, retain_graph=True))
-    assert any("fa4_kernelssm90bwd" in n for n in names), names
-    grads = torch.autograd.grad(out, wrt, dout)
-    visible = (torch.ones(1, 1, sq, sk, dtype=torch.bool, device="cuda") if mask_mod is None
-               else create_mask(mask_mod, None, None, sq, sk, device="cuda"))
-    visible = visible & torch.isfinite(bias.detach()).expand(batch, hq, sq, sk)
-    scale = 1.0 / math.sqrt(d)
-    exact = [t.detach().double().requires_grad_() for t in wrt]
+    # Per-head and key-padding biases in the inputs' dtype (the "bias16" variants read them as such),
+    # the others in fp32.
+    in_dtype = shape_kind in ("per head", "key padding")
+    bias = bias.to(dtype if in_dtype else torch.float32).requires_grad_(learnable)
     full = lambda b: b.expand(batch, hq, sq, sk).nan_to_num(neginf=0.0)  # noqa: E731 (masked where -inf)
-    want, want_lse = reference(*exact[:3], full(exact[3] if learnable else bias.double()), visible, scale,
-                               torch.float64)
-    want_grads = torch.autograd.grad(want, exact, dout.double())
-    inputs = [t.detach().requires_grad_() for t in wrt]
-    same, _ = reference(*inputs[:3], full(inputs[3] if learnable else bias.float()), visible, scale, dtype)
-    same_grads = torch.autograd.grad(same.to(dtype), inputs, dout)
-    seen = visible.expand(batch, hq, sq, sk).any(-1)
-    err = (out.double() - want)[seen].abs().max().item()
-    base = (same - want)[seen].abs().max().item()
-    assert err <= 2 * base + 1e-3, (err, base)
-    assert torch.all(out[~seen] == 0)
-    assert (lse[seen].double() - want_lse[seen]).abs().max().item() <= 2e-3
-    if learnable:
-        # dS from the stored output (flash_style_param_grad's reason), summed to the bias's shape.
-        q64, k64, v64 = (t.detach().double() for t in exact[:3])
-        k64, v64 = (t.repeat_interleave(hq // hk, 1) for t in (k64, v64))
-        s = (q64 @ k64.transpose(-1, -2)) * scale + full(bias.detach().double())
-        p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)
-        ds = p * (dout.double() @ v64.transpose(-1, -2) - (dout.double() * out.detach().double()).sum(-1, True))
-        sums = [i for i, n in enumerate(bias.shape[-4:] if bias.dim() == 4 else (1, 1) + bias.shape) if n == 1]
-        flash = ds.sum(sums, keepdim=True) if sums else ds
-        same_grads = same_grads[:3] + (flash.reshape(bias.shape),)
-        assert grads[3].shape == bias.shape and grads[3].dtype == bias.dtype
-    for name, got, ref, same_grad in zip(("q", "k", "v", "bias"), grads, want_grads, same_grads):
-        err = (got.double() - ref).abs().max().item()
-        base = (same_grad.double() - ref).abs().max().item()
-        assert err <= 2 * base + 1e-3 * ref.abs().max().item(), (name, err, base)
+    check_call(score_mods.bias(bias), bias, learnable, full, "bias16" if in_dtype else "bias", d, dv, dtype, sq, sk,
+               hq, hk, mask, batch, torch.isfinite(bias.detach()).expand(batch, hq, sq, sk))

@@ -33,20 +33,17 @@ MASKS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["alibi", "relbias"])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("lengths", [(37, 37), (29, 45)])
-def test_kernel_score_mods_match_the_dense_formula(kind, mask, lengths):
+def run_against_the_formula(score_mod, params, code, mask, lengths):
+    """fa4.flex_attention with ``score_mod`` (parameters ``params``, op code ``code``) under MASKS[mask]
+    against naive_flex: the plan is the block-sparse kernels', values, the LSE and the gradients
+    of q, k, v and the parameters; returns the parameters' gradient."""
     sq, sk = lengths
-    score_mod, params = make_score_mod(kind)
     mask_mod = MASKS[mask]() if MASKS[mask] else None
     block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu",
                                                                  BLOCK_SIZE=16)
     q, k, v = inputs(hq=HEADS, hkv=2, sq=sq, sk=sk, grad=True)
     plan = flex._sparse_plan("reason", score_mod, None, q, k, v)
-    assert not isinstance(plan, str) and plan.sparse and plan.score[0] == {"alibi": score_mods.ALIBI,
-                                                                          "relbias": score_mods.RELATIVE_BIAS}[kind]
-    torch.testing.assert_close(plan.score[1].reshape(-1), params.reshape(-1), atol=0, rtol=0)
+    assert not isinstance(plan, str) and plan.sparse and plan.score[0] == code
     out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                                       enable_gqa=True, return_lse=True))
     want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)
@@ -57,9 +54,22 @@ def test_kernel_score_mods_match_the_dense_formula(kind, mask, lengths):
     dout = torch.randn_like(want)
     got = torch.autograd.grad(out, (q, k, v, params), dout)
     exp = torch.autograd.grad(want, (q, k, v, params), dout)
-    for name, a, e in zip(("q", "k", "v", kind), got, exp):
+    for name, a, e in zip(("q", "k", "v", "params"), got, exp):
         torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-5, msg=name)
-    assert got[3].abs().sum() > 0
+    assert got[3].shape == params.shape
+    return got[3]
+
+
+@pytest.mark.parametrize("kind", ["alibi", "relbias"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("lengths", [(37, 37), (29, 45)])
+def test_kernel_score_mods_match_the_dense_formula(kind, mask, lengths):
+    score_mod, params = make_score_mod(kind)
+    q, k, v = inputs(hq=HEADS, hkv=2, sq=lengths[0], sk=lengths[1])
+    plan = flex._sparse_plan("reason", score_mod, None, q, k, v)
+    torch.testing.assert_close(plan.score[1].reshape(-1), params.reshape(-1), atol=0, rtol=0)
+    code = {"alibi": score_mods.ALIBI, "relbias": score_mods.RELATIVE_BIAS}[kind]
+    assert run_against_the_formula(score_mod, params, code, mask, lengths).abs().sum() > 0
 
 
 @pytest.mark.parametrize("kind", ["alibi", "relbias"])
@@ -147,28 +157,10 @@ def make_bias(shape, grad=True, seed=3):
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("lengths", [(37, 37), (29, 45)])
 def test_bias_tensor_matches_the_dense_formula(shape, mask, lengths):
-    sq, sk = lengths
-    bias = make_bias(BIAS_SHAPES[shape](sq, sk))
-    score_mod = score_mods.bias(bias)
-    mask_mod = MASKS[mask]() if MASKS[mask] else None
-    block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, sq, sk, device="cpu",
-                                                                 BLOCK_SIZE=16)
-    q, k, v = inputs(hq=HEADS, hkv=2, sq=sq, sk=sk, grad=True)
-    plan = flex._sparse_plan("reason", score_mod, None, q, k, v)
-    assert not isinstance(plan, str) and plan.sparse and plan.score[0] == score_mods.BIAS
-    out, lse = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                                                      enable_gqa=True, return_lse=True))
-    want, want_lse = naive_flex(q, k, v, score_mod, mask_mod, gqa=True)
-    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-6)
-    dout = torch.randn_like(want)
-    got = torch.autograd.grad(out, (q, k, v, bias), dout)
-    exp = torch.autograd.grad(want, (q, k, v, bias), dout)
-    for name, a, e in zip(("q", "k", "v", "bias"), got, exp):
-        torch.testing.assert_close(a, e, atol=2e-5, rtol=1e-5, msg=name)
-    assert got[3].shape == bias.shape
+    bias = make_bias(BIAS_SHAPES[shape](*lengths))
+    grad = run_against_the_formula(score_mods.bias(bias), bias, score_mods.BIAS, mask, lengths)
     if shape != "constant along keys":  # that one's gradient is zero: each row's dS sums to 0
-        assert got[3].abs().sum() > 0
+        assert grad.abs().sum() > 0
 
 
 def test_bias_with_masked_keys_and_a_frozen_bf16_bias():
@@ -190,6 +182,22 @@ def test_bias_with_masked_keys_and_a_frozen_bf16_bias():
     torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
     (grad,) = torch.autograd.grad(out.sum(), low)
     assert grad.dtype == torch.bfloat16 and grad.shape == (30, 30)
+
+
+def test_bias_in_the_inputs_dtype_is_read_as_such():
+    """A bf16 bias beside bf16 inputs reaches the kernels as it is ("bias16"), not converted; its
+    gradient comes back in bf16, in its shape."""
+    q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in inputs(hq=HEADS, sq=33, sk=40))
+    bias = make_bias((1, HEADS, 33, 40)).detach().to(torch.bfloat16).requires_grad_()
+    plan = flex._sparse_plan("reason", score_mods.bias(bias), None, q, k, v)
+    assert plan.score[1].dtype == torch.bfloat16 and score_mods.kernel_kind(*plan.score) == "bias16"
+    out = no_fallback(lambda: fa4.flex_attention(q, k, v, score_mod=score_mods.bias(bias)))
+    want, _ = naive_flex(*(t.double() for t in (q, k, v)), score_mods.bias(bias.double()))
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    (grad,) = torch.autograd.grad(out.float().sum(), bias)
+    (exact,) = torch.autograd.grad(want.sum(), bias)
+    assert grad.dtype == torch.bfloat16 and grad.shape == bias.shape
+    torch.testing.assert_close(grad.double(), exact.double(), atol=3e-2, rtol=3e-2)
 
 
 def test_bias_gradcheck_float64():
@@ -247,8 +255,9 @@ def test_bad_parameters_are_refused():
 
 def test_score_mod_codes_agree_with_the_native_library_and_the_catalog():
     """One numbering of the in-kernel score_mods: fa4.score_mods' op codes, the native library's
-    enum fa4_score_mod (csrc_shims/fa4_shim.h, which the generated variant table uses) and the
-    catalog's names through fa4.flex."""
+    enum fa4_score_mod (csrc_shims/fa4_shim.h, which the generated variant table uses: one
+    FA4_SCORE_<NAME> per catalog name) and the catalog's names through score_mods.kernel_kind (a
+    16-bit bias tensor runs the "bias16" variants under the op's bias code)."""
     import re
     from pathlib import Path
 
@@ -258,7 +267,9 @@ def test_score_mod_codes_agree_with_the_native_library_and_the_catalog():
     body = re.search(r"enum fa4_score_mod \{([^}]*)\}", header).group(1)
     enum = {name: int(value) for name, value in re.findall(r"FA4_SCORE_(\w+) = (\d+)", body)}
     assert enum == {"NONE": score_mods.NONE, "ALIBI": score_mods.ALIBI, "RELBIAS": score_mods.RELATIVE_BIAS,
-                    "BIAS": score_mods.BIAS}
-    codes = {"alibi": score_mods.ALIBI, "relbias": score_mods.RELATIVE_BIAS, "bias": score_mods.BIAS}
-    assert set(codes) == set(catalog.SCORE_MODS)
-    assert flex._SCORE_KINDS == {score_mods.NONE: "none", **{code: name for name, code in codes.items()}}
+                    "BIAS": score_mods.BIAS, "BIAS16": 4}
+    assert {name.upper() for name in catalog.SCORE_MODS} | {"NONE"} == set(enum)
+    f32, bf16 = torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16)
+    kinds = {score_mods.kernel_kind(code, t) for code, t in (
+        (score_mods.ALIBI, f32), (score_mods.RELATIVE_BIAS, f32), (score_mods.BIAS, f32), (score_mods.BIAS, bf16))}
+    assert kinds == set(catalog.SCORE_MODS) and score_mods.kernel_kind(score_mods.NONE, None) == "none"

@@ -503,10 +503,10 @@ def bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v,
 def bench_flex_score(args, dtype) -> None:
     """fa4's in-kernel score_mods with a causal BlockMask at --tokens: ALiBi (fixed slopes), a
     learned relative-bias table (+-256 positions, clamped beyond; its gradient computed in the
-    backward) and a learned (tokens, tokens) bias tensor, through fa4.flex_attention, beside fa4's
-    own causal kernel (no bias: the cost of the bias) and torch's flex_attention compiled with the
-    same score_mods (forward only where its backward does not compile); forward and forward +
-    backward (3.5x the forward's FLOPs), TFLOP/s of useful work."""
+    backward) and a learned (tokens, tokens) bias tensor (fp32, and in the inputs' dtype), through
+    fa4.flex_attention, beside fa4's own causal kernel (no bias: the cost of the bias) and torch's
+    flex_attention compiled with the same score_mods (forward only where its backward does not
+    compile); forward and forward + backward (3.5x the forward's FLOPs), TFLOP/s of useful work."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention)
@@ -523,11 +523,13 @@ def bench_flex_score(args, dtype) -> None:
         heads = args.hidden // head_dim
         slopes = torch.exp2(-8.0 * torch.arange(1, heads + 1, device="cuda") / heads)  # ALiBi's geometric slopes
         table = (0.1 * torch.randn(heads, 2 * 256 + 1, device="cuda")).requires_grad_()
-        # A learned (tokens, tokens) fp32 bias broadcast over batch and heads: read at every score,
-        # its gradient summed over the heads by the backward's reductions.
+        # A learned (tokens, tokens) bias broadcast over batch and heads, fp32 and in the inputs'
+        # dtype (read as such): read at every score, its gradient summed over the heads by the
+        # backward's reductions.
         bias = (0.1 * torch.randn(tokens, tokens, device="cuda")).requires_grad_()
+        bias16 = bias.detach().to(dtype).requires_grad_()
         mods = {"alibi": fa4.score_mods.alibi(slopes), "relbias": fa4.score_mods.relative_bias(table),
-                "bias": fa4.score_mods.bias(bias)}
+                "bias": fa4.score_mods.bias(bias), "bias16": fa4.score_mods.bias(bias16)}
         sets = [tuple(torch.randn(1, heads, tokens, d, device="cuda", dtype=dtype, requires_grad=True)
                       for d in (head_dim, head_dim, head_dim_v)) for _ in range(3)]
         dout = torch.randn(1, heads, tokens, head_dim_v, device="cuda", dtype=dtype)

@@ -150,7 +150,7 @@ def _block_sparse(query, key, value, block_mask, softcap, scale, score=None):
     score = score or (score_mods.NONE, None)
     if block_mask is None:
         block_mask = _full_block_mask(query.shape[2], key.shape[2], query.device)
-    kind = _SCORE_KINDS[score[0]]
+    kind = score_mods.kernel_kind(*score)
     dims = (query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap))
     tile = block_sparse.kernel_tile(*dims, score_mod=kind)
     tables = block_sparse.tables(block_mask, batch, heads, tile)
@@ -171,8 +171,6 @@ def _block_sparse(query, key, value, block_mask, softcap, scale, score=None):
     return out.transpose(1, 2), lse
 
 
-_SCORE_KINDS = {score_mods.NONE: "none", score_mods.ALIBI: "alibi", score_mods.RELATIVE_BIAS: "relbias",
-                score_mods.BIAS: "bias"}
 _FULL_MASKS: dict[tuple, object] = {}
 
 
@@ -205,14 +203,14 @@ def _sparse_plan(reason, score_mod, return_aux, query, key, value):
             score_mod is None or isinstance(score_mod, (score_mods.Softcap, *_KERNEL_BIASES))):
         return reason  # the score_mod / max_scores reason stands
     dims = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-    score = score_mods.kernel_params(score_mod, dims, query.device) if score_mod is not None else None
+    score = score_mods.kernel_params(score_mod, dims, query.device, query.dtype) if score_mod is not None else None
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, score[1] if score else None))
     if training and query.is_cuda and torch.are_deterministic_algorithms_enabled():
         return (f"{reason} (fa4's block-sparse backward adds dQ in any order, and "
                 "torch.use_deterministic_algorithms is on)")
     softcap = score_mod.cap if isinstance(score_mod, score_mods.Softcap) else None
-    kind = _SCORE_KINDS[score[0]] if score else "none"
+    kind = score_mods.kernel_kind(*score) if score else "none"
     try:
         for kernel in ("fwd", "bwd") if training else ("fwd",):
             block_sparse.kernel_tile(query.dtype, query.shape[-1], value.shape[-1], query.device, bool(softcap),

@@ -77,7 +77,7 @@ def _check_sparse(q, k, v, kv_counts, kv_blocks, kv_bits, tile_m, tile_n, softma
 
 def _check_score_mod(q, k, softcap, score_mod, score_params):
     score_mods.check_kernel_params(score_mod, score_params, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]),
-                                   q.device)
+                                   q.device, q.dtype)
     if score_mod != score_mods.NONE and softcap != 0.0:
         raise ValueError("a score_mod with softcap: fa4 has no such kernel; use torch.nn.attention.flex_attention "
                          "with both in one score_mod")

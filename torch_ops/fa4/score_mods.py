@@ -115,11 +115,12 @@ def _bias_sizes_ok(shape, dims) -> bool:
     return len(shape) == 4 and all(n in (1, full) for n, full in zip(shape[:3], dims[:3])) and shape[3] == dims[3]
 
 
-def kernel_params(score_mod, dims, device: torch.device):
+def kernel_params(score_mod, dims, device: torch.device, input_dtype: torch.dtype | None = None):
     """(code, params) for fa4's block-sparse kernels (``dims``: the call's (batch, heads_q,
     seqlen_q, seqlen_k)): ALiBi's slopes as (heads, 1), a relative-bias table as (heads, 2c + 1),
     a bias tensor as itself with its keys materialised and contiguous (broadcast dims stay size
-    1: the kernels read them with stride 0); fp32 (float64 kept on the CPU; the casts are
+    1: the kernels read them with stride 0); fp32 (float64 kept on the CPU; a bias already in the
+    inputs' 16-bit ``input_dtype`` kept too: kernels read it as such; the casts are
     differentiable: gradients reach the user's tensor) on ``device``; None for score_mods with no
     kernel."""
     heads = dims[1]
@@ -130,8 +131,9 @@ def kernel_params(score_mod, dims, device: torch.device):
         if not all(n in (1, full) for n, full in zip(params.shape, dims)):
             raise ValueError(f"bias must broadcast to (batch, heads, seqlen_q, seqlen_k) = {tuple(dims)}, each dim "
                              f"that size or 1; got {tuple(params.shape)}")
-        if params.dtype == torch.float64 and device.type == "cpu":
-            dtype = torch.float64
+        if (params.dtype == torch.float64 and device.type == "cpu") or (
+                params.dtype == input_dtype and params.dtype in (torch.bfloat16, torch.float16)):
+            dtype = params.dtype
         params = params.to(device=device, dtype=dtype)
         if params.shape[3] != seqlen_k:  # a bias constant along the keys: the kernels read keys contiguous
             params = params.expand(*params.shape[:3], seqlen_k)
@@ -156,9 +158,18 @@ def kernel_params(score_mod, dims, device: torch.device):
     return code, params.to(device=device, dtype=dtype)
 
 
-def check_kernel_params(code: int, params, dims, device) -> None:
+def kernel_kind(code: int, params) -> str:
+    """The kernels' name of a score_mod code (fa4_kernels.catalog.SCORE_MODS): a bias tensor in a
+    16-bit dtype runs the "bias16" variants."""
+    if code == BIAS and params is not None and params.dtype in (torch.bfloat16, torch.float16):
+        return "bias16"
+    return {NONE: "none", ALIBI: "alibi", RELATIVE_BIAS: "relbias", BIAS: "bias"}[code]
+
+
+def check_kernel_params(code: int, params, dims, device, input_dtype: torch.dtype | None = None) -> None:
     """fa4::fwd_sparse's score_mod arguments (the native op makes the same checks; ``dims``: the
-    call's (batch, heads_q, seqlen_q, seqlen_k))."""
+    call's (batch, heads_q, seqlen_q, seqlen_k); a bias tensor may also be in the inputs'
+    ``input_dtype``)."""
     if code not in (NONE, ALIBI, RELATIVE_BIAS, BIAS):
         raise ValueError(f"score_mod must be 0 (none), 1 (alibi), 2 (relative_bias) or 3 (bias); got {code}")
     if code == NONE:
@@ -168,10 +179,12 @@ def check_kernel_params(code: int, params, dims, device) -> None:
     if params is None:
         raise ValueError(f"score_params is required with score_mod={name}")
     rank = 4 if code == BIAS else 2
-    if not (params.dtype == torch.float32 or (params.dtype == torch.float64 and device.type == "cpu")) or \
-            params.dim() != rank:
-        raise TypeError(f"score_params{' for bias' if code == BIAS else ''} must be a {rank}-D torch.float32 tensor "
-                        f"(float64 on the CPU); got {params.dim()}-D {params.dtype}")
+    ok = params.dtype == torch.float32 or (params.dtype == torch.float64 and device.type == "cpu") or (
+        code == BIAS and params.dtype == input_dtype)
+    if not ok or params.dim() != rank:
+        also = " or one of q's dtype" if code == BIAS else ""
+        raise TypeError(f"score_params{' for bias' if code == BIAS else ''} must be a {rank}-D torch.float32 tensor"
+                        f"{also} (float64 on the CPU); got {params.dim()}-D {params.dtype}")
     if params.device != device:
         raise ValueError("score_params must be on q's device")
     if code == BIAS:

@@ -54,7 +54,7 @@ from fa4_kernels.hopper_mma import (
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
 from fa4_kernels.ptx import bulk_store_s2g, fence_proxy_async_global, loop_bound_zero
-from fa4_kernels.score_mod import ScoreBias
+from fa4_kernels.score_mod import TENSOR_KINDS, ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
@@ -185,7 +185,7 @@ class FlashAttentionForwardSm90:
         # A bias tensor's entries read where they are added, in this many waves, not under the
         # score GEMM (heuristics.FwdConfig.bias_waves).
         self.bias_waves = bias_waves
-        assert bias_waves == 0 or score_mod == "bias"
+        assert bias_waves == 0 or score_mod in TENSOR_KINDS
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
