@@ -88,3 +88,10 @@ def prefetch_l1(address, *, loc=None, ip=None) -> None:
     """Bring the global-memory line holding ``address`` (an integer address) into L1: the load
     that follows after a wait then hits L1 instead of waiting on L2."""
     inline_asm(None, "prefetch.global.L1 [$0];", "l", (Int64(address),), volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def prefetch_l2(address, *, loc=None, ip=None) -> None:
+    """Bring the global-memory line holding ``address`` (an integer address) into L2 (a hint: no
+    register waits for it)."""
+    inline_asm(None, "prefetch.global.L2 [$0];", "l", (Int64(address),), volatile=True, loc=loc, ip=ip)

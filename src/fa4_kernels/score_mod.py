@@ -28,7 +28,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa4_kernels.catalog import TENSOR_SCORE_MODS
 from fa4_kernels.hopper_mma import rows_cols_view
-from fa4_kernels.ptx import f32_asm, i32_asm, inline_asm, loop_bound_zero
+from fa4_kernels.ptx import f32_asm, i32_asm, inline_asm, loop_bound_zero, prefetch_l2
 
 
 @dsl_user_op
@@ -439,6 +439,29 @@ class ScoreBias:
                 values[r * cols + c], values[position[(dq, dk + 1)]] = pair
             elif not (pairs and dk % 2 == 1 and (dq, dk - 1) in position):
                 values[r * cols + c] = self._load_entry(row_address[dq], size * dk)
+
+    @cute.jit
+    def prefetch(self, first_row: Int32, first_col: Int32, thread: Int32, threads: cutlass.Constexpr[int]):
+        """A bias tensor's tile at (first_row, first_col) into L2, a step before its loads (their
+        latency otherwise stands between the score GEMM and the softmax): each of ``threads``
+        threads prefetches its share of the tile's 128-byte lines (positions clamped into the
+        tensor). Nothing for the other kinds."""
+        if const_expr(self.kind in TENSOR_KINDS):
+            q_first, k_first = self._query_key(first_row, first_col)
+            tile_q, tile_k = self._query_key(self.tile_rows, self.tile_cols)
+            size = self.params.element_type.width // 8
+            per_row = -(-tile_k * size // 128)
+            lines = tile_q * per_row
+            plane = self.params.iterator.toint() + Int64(
+                cute.crd2idx((self.batch, self.head, 0, 0), self.params.layout)) * size
+            q_stride = Int64(cute.crd2idx((0, 0, 1, 0), self.params.layout)) * size
+            seqlen_q, seqlen_k = cute.size(self.params, mode=[2]), cute.size(self.params, mode=[3])
+            for i in cutlass.range_constexpr(-(-lines // threads)):
+                line = thread + i * threads
+                q = cutlass.min(q_first + line // per_row, seqlen_q - 1)
+                k = cutlass.min(k_first + (line % per_row) * (128 // size), seqlen_k - 1)
+                if line < lines:
+                    prefetch_l2(plane + Int64(q) * q_stride + Int64(k) * size)
 
     @cute.jit
     def _tensor_load(self, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32):

@@ -851,6 +851,8 @@ class FlashAttentionForwardSm90:
                     lambda first_key: (  # noqa: E731
                         None if const_expr(self.bias_waves > 0) else bias.load(thr_mma_qk, rows.first_row, first_key)),
                     adder,
+                    # A bias tensor's next block into L2 (ScoreBias.prefetch; nothing for the other kinds).
+                    lambda first_key: bias.prefetch(rows.first_row, first_key, tidx, self.num_mma_threads),  # noqa: E731
                 )
             skipped = Int32(0)
             if const_expr(self.skip_dead_blocks):
@@ -889,6 +891,7 @@ class FlashAttentionForwardSm90:
             bias_of = None
             if const_expr(bias_at is not None):
                 bias_of = bias_at[2](first_key, bias_at[1](first_key))
+                bias_at[3](bias_at[0](cutlass.max(n_block_max - 2, n_block_min)))
             if const_expr(self.o_in_v):
                 # The previous tile's O store has read V's buffer by now, or soon: the storing
                 # warp waits for that here, under this Q @ K^T, rather than right after issuing
@@ -1178,6 +1181,7 @@ class FlashAttentionForwardSm90:
         bias_of = None
         if const_expr(bias_at is not None):
             bias_of = bias_at[2](first_key, bias_at[1](first_key))
+            bias_at[3](bias_at[0](cutlass.max(n_block - 1, n_block_min)))
         stamp(3)
         warpgroup.wait_group(1)
         stamp(4)
