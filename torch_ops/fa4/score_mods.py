@@ -92,10 +92,10 @@ def relative_bias(table: torch.Tensor) -> RelativeBias:
 def bias(tensor: torch.Tensor) -> Bias:
     """An additive bias on the scaled scores; it is expanded to 4-D (a (seqlen_q, seqlen_k) bias
     applies to every batch and head), each dim (batch, heads, seqlen_q, seqlen_k) or 1. fa4's
-    kernels read it as fp32 at every score (another dtype is converted once per call; size-1
-    dims are read with stride 0, never copied) and, when it requires a gradient, add dS into an
-    fp32 gradient of its own shape (summed over the dims it broadcasts), returned in its dtype.
-    -inf entries mask their scores."""
+    kernels read it at every score, in fp32 or, when it has the inputs' bf16/fp16 dtype, as it is
+    (any other dtype is converted to fp32 once per call; size-1 dims are read with stride 0, never
+    copied) and, when it requires a gradient, add dS into an fp32 gradient of its own shape
+    (summed over the dims it broadcasts), returned in its dtype. -inf entries mask their scores."""
     if not isinstance(tensor, torch.Tensor) or not 2 <= tensor.dim() <= 4:
         raise ValueError("bias must be a tensor broadcastable to (batch, heads, seqlen_q, seqlen_k), 2-D to 4-D")
     while tensor.dim() < 4:
@@ -126,8 +126,7 @@ def kernel_params(score_mod, dims, device: torch.device, input_dtype: torch.dtyp
     heads = dims[1]
     dtype = torch.float32
     if isinstance(score_mod, Bias):
-        params = score_mod.bias
-        batch, _, seqlen_q, seqlen_k = dims
+        params, seqlen_k = score_mod.bias, dims[3]
         if not all(n in (1, full) for n, full in zip(params.shape, dims)):
             raise ValueError(f"bias must broadcast to (batch, heads, seqlen_q, seqlen_k) = {tuple(dims)}, each dim "
                              f"that size or 1; got {tuple(params.shape)}")
