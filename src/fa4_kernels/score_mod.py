@@ -378,15 +378,19 @@ class ScoreBias:
         return sorted(elements, key=lambda e: (e[1], e[2]))
 
     @cute.jit
-    def _tensor_origin(self, tensor: cute.Tensor, tScS, first_row: Int32, first_col: Int32):
-        """For ``tensor`` (batch, heads, seqlen_q, seqlen_k), keys contiguous: (this thread's first
-        query and key, the address of the (batch, head) plane, the query stride in bytes,
-        seqlen_q, seqlen_k)."""
-        q0, k0 = self._query_key(first_row + tScS[0, 0][0], first_col + tScS[0, 0][1])
+    def _plane(self, tensor: cute.Tensor):
+        """For ``tensor`` (batch, heads, seqlen_q, seqlen_k), keys contiguous: (the address of the
+        tiles' (batch, head) plane, the query stride in bytes, seqlen_q, seqlen_k)."""
         size = tensor.element_type.width // 8
         plane = tensor.iterator.toint() + Int64(cute.crd2idx((self.batch, self.head, 0, 0), tensor.layout)) * size
         q_stride = Int64(cute.crd2idx((0, 0, 1, 0), tensor.layout)) * size
-        return q0, k0, plane, q_stride, cute.size(tensor, mode=[2]), cute.size(tensor, mode=[3])
+        return plane, q_stride, cute.size(tensor, mode=[2]), cute.size(tensor, mode=[3])
+
+    @cute.jit
+    def _tensor_origin(self, tensor: cute.Tensor, tScS, first_row: Int32, first_col: Int32):
+        """(this thread's first query and key, then ``_plane``'s values)."""
+        q0, k0 = self._query_key(first_row + tScS[0, 0][0], first_col + tScS[0, 0][1])
+        return q0, k0, *self._plane(tensor)
 
     @cute.jit
     def _tensor_values(self, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32, elements, values):
@@ -452,10 +456,7 @@ class ScoreBias:
             size = self.params.element_type.width // 8
             per_row = -(-tile_k * size // 128)
             lines = tile_q * per_row
-            plane = self.params.iterator.toint() + Int64(
-                cute.crd2idx((self.batch, self.head, 0, 0), self.params.layout)) * size
-            q_stride = Int64(cute.crd2idx((0, 0, 1, 0), self.params.layout)) * size
-            seqlen_q, seqlen_k = cute.size(self.params, mode=[2]), cute.size(self.params, mode=[3])
+            plane, q_stride, seqlen_q, seqlen_k = self._plane(self.params)
             for i in cutlass.range_constexpr(-(-lines // threads)):
                 line = thread + i * threads
                 q = cutlass.min(q_first + line // per_row, seqlen_q - 1)
