@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from fa4_kernels import catalog, heuristics
@@ -49,7 +49,22 @@ def env_settings() -> dict:
         "diag_stamps": {"1": "all", "tiles": "tiles"}.get(os.environ.get("FA4_DIAG_STAMPS", "0"), ""),
         # Diagnostic operators that time their host phases (csrc_shims/fa4_ops.cpp); never for a release.
         "diag_host_timing": os.environ.get("FA4_DIAG_HOST_TIMING", "0") == "1",
+        # Forward kernels computing this many of every 8 probabilities on the FMA pipe instead of
+        # the heuristics' share (heuristics.FwdConfig.exp2_fma); None: the heuristics'.
+        "exp2_fma": int(os.environ["FA4_EXP2_FMA"]) if os.environ.get("FA4_EXP2_FMA", "") else None,
     }
+
+
+def build_config(key: catalog.VariantKey):
+    """The variant's config as this build compiles it: the heuristics' (kernel_config), with the
+    build-time overrides of env_settings applied."""
+    cfg = heuristics.kernel_config(key)
+    share = env_settings()["exp2_fma"]
+    if key.kernel == "fwd" and share is not None:
+        if not 0 <= share <= 8:
+            raise ValueError(f"FA4_EXP2_FMA={share}: the probabilities per 8 on the FMA pipe, 0 to 8")
+        cfg = replace(cfg, exp2_fma=share)
+    return cfg
 
 
 def dsl_version() -> str:
@@ -80,7 +95,7 @@ def source_digest(kernel: str) -> str:
 
 
 def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
-    cfg = heuristics.kernel_config(key)
+    cfg = build_config(key)
     mode = env_settings()["diag_stamps"]
     diag = ["diag_stamps"] + ([] if mode == "all" else [mode]) if mode else []
     blob = json.dumps([key.as_dict(), asdict(cfg), sources, version] + diag, sort_keys=True)
@@ -140,7 +155,7 @@ def _compile_fwd(key: catalog.VariantKey):
 
     from fa4_kernels.sm90.fwd import FlashAttentionForwardSm90
 
-    cfg = heuristics.fwd_config(key)
+    cfg = build_config(key)
     dtype, bshd, vector, stats = _fake_inputs(key)
     kernel = FlashAttentionForwardSm90(
         dtype, key.head_dim, key.head_dim_v,
@@ -152,7 +167,7 @@ def _compile_fwd(key: catalog.VariantKey):
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile, bias_waves=cfg.bias_waves,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
-        stamps=env_settings()["diag_stamps"],
+        exp2_fma=cfg.exp2_fma, stamps=env_settings()["diag_stamps"],
     )
     semaphores, partials = vector(align=16), vector(Float32, 16)
     # KV cache (placeholders elsewhere): the page table (batch, max_pages) int32, rows contiguous,
@@ -519,7 +534,7 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
         "dsl_version": dsl_version(),
         "archs": list(archs),
         "filter": pattern,
-        "variants": [dict(key.as_dict(), name=key.name, **asdict(heuristics.kernel_config(key)))
+        "variants": [dict(key.as_dict(), name=key.name, **asdict(build_config(key)))
                      for key, _ in entries],
     }
     tmp_manifest = lib_dir / f".{MANIFEST_NAME}.tmp"

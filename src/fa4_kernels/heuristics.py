@@ -114,6 +114,16 @@ class FwdConfig:
     # (score_mod.ScoreBias.add), instead of all at once under the score GEMM (0): beside hd192/256's
     # O accumulator the early loads spilled (hd256: 22 words with 64-key blocks).
     bias_waves: int = 0
+    # Of every 8 probabilities, how many the softmax computes on the FMA pipe instead of MUFU
+    # (exp2_fma.py; FA4_EXP2_FMA overrides it at build time). 0 everywhere: every share measured
+    # slower (H100, bf16 16k tokens, same call, TFLOP/s at 1k/4k/16k, share 0 -> 1/8 -> 1/4 -> 1/2
+    # -> 3/4): hd64 561/646-649/637-652 -> 512/537/550 -> 480/570/580 -> 429/469/475 ->
+    # 372/418/426, causal 420-423/554-572/620-622 -> 404/499/542 -> 373/508/550 -> 343/441/458 ->
+    # 294/383/408; hd96 577-583/677-679/659-663 -> 560/647/634 -> 543/621/616 -> 509/587/581 ->
+    # 467/528/505; hd128 667-668/789-791/831-843 -> 636/760/799 -> 612/703/723 -> 561/631/642 ->
+    # 519/578/577. Hopper's softmax is bound by issue slots, not by MUFU: an emulated exponential
+    # takes ~10 issue slots (clamp, 3 FADD, 4 FFMA, IMAD) where MUFU takes one.
+    exp2_fma: int = 0
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim

@@ -14,6 +14,7 @@ from cutlass import Float32, const_expr
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass._mlir.dialects import nvvm
 
+from fa4_kernels.exp2_fma import exp2_fma, on_fma_pipe
 from fa4_kernels.hopper_mma import rows_cols_view
 
 
@@ -47,6 +48,22 @@ def quad_allreduce(val, op: cutlass.Constexpr):
     return val
 
 
+@cute.jit
+def exp2_row(x: cute.TensorSSA, per_8: cutlass.Constexpr[int], clamp_high: cutlass.Constexpr[bool]) -> cute.TensorSSA:
+    """2^x of a row fragment, ``per_8`` of every 8 elements on the FMA pipe (exp2_fma), the rest
+    on MUFU. ``clamp_high``: x may exceed 127 (exp2_fma then needs its upper clamp)."""
+    if const_expr(per_8 == 0):
+        return cute.math.exp2(x, fastmath=True)
+    vals = cute.make_rmem_tensor(x.shape, Float32)
+    vals.store(x)
+    for i in cutlass.range_constexpr(cute.size(x.shape)):
+        if const_expr(on_fma_pipe(i, per_8)):
+            vals[i] = exp2_fma(vals[i], clamp_high)
+        else:
+            vals[i] = cute.math.exp2(vals[i], fastmath=True)
+    return vals.load()
+
+
 @dataclass
 class OnlineSoftmax:
     scale_log2: Float32  # softmax scale * log2(e): exponentials are exp2(s * scale_log2 - max)
@@ -56,14 +73,18 @@ class OnlineSoftmax:
     # of two (probabilities then reach at most 2^threshold: harmless in fp32 sums and in
     # bf16/fp16 P), so O needs rescaling only on those rare blocks (see ``rescale``).
     rescale_threshold: cutlass.Constexpr[float] = 0.0
+    # Of every 8 probabilities, how many are computed on the FMA pipe (exp2_row).
+    exp2_fma: cutlass.Constexpr[int] = 0
 
     @staticmethod
-    def create(scale_log2: Float32, num_rows: cutlass.Constexpr[int], rescale_threshold: cutlass.Constexpr[float] = 0.0):
+    def create(scale_log2: Float32, num_rows: cutlass.Constexpr[int], rescale_threshold: cutlass.Constexpr[float] = 0.0,
+               exp2_fma: cutlass.Constexpr[int] = 0):
         return OnlineSoftmax(
             scale_log2,
             cute.make_rmem_tensor(num_rows, Float32),
             cute.make_rmem_tensor(num_rows, Float32),
             rescale_threshold,
+            exp2_fma,
         )
 
     @cute.jit
@@ -96,7 +117,8 @@ class OnlineSoftmax:
             max_scaled = safe_max * self.scale_log2
             if const_expr(offsets is not None):
                 max_scaled = (safe_max - offsets[r]) * self.scale_log2
-            p = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
+            # At most rescale_threshold above the kept max: no upper clamp.
+            p = exp2_row(row * self.scale_log2 - max_scaled, self.exp2_fma, clamp_high=False)
             if const_expr(is_first):
                 row_scale[r] = Float32(1.0)
                 self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
@@ -113,6 +135,7 @@ class OnlineSoftmax:
             cute.make_tensor(self.row_max.iterator, self.row_max.layout),
             cute.make_tensor(self.row_sum.iterator, self.row_sum.layout),
             self.rescale_threshold,
+            self.exp2_fma,
         )
 
     @cute.jit
@@ -135,7 +158,8 @@ class OnlineSoftmax:
             shift = self.row_max[r] * self.scale_log2
             if const_expr(offsets is not None):  # see step
                 shift = (self.row_max[r] - offsets[r]) * self.scale_log2
-            p = cute.math.exp2(s_mn[r, None].load() * self.scale_log2 - shift, fastmath=True)
+            # A failed guess may put x anywhere: clamped, so the check below sees a large sum.
+            p = exp2_row(s_mn[r, None].load() * self.scale_log2 - shift, self.exp2_fma, clamp_high=True)
             block_sum[r] = p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
             p_mn[r, None].store(p)
         return block_sum

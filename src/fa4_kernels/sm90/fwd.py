@@ -110,6 +110,7 @@ class FlashAttentionForwardSm90:
         block_sparse: bool = False,
         score_mod: str = "none",
         kv_cache: bool = False,
+        exp2_fma: int = 0,
         stamps: str = "",
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
@@ -186,6 +187,9 @@ class FlashAttentionForwardSm90:
         # score GEMM (heuristics.FwdConfig.bias_waves).
         self.bias_waves = bias_waves
         assert bias_waves == 0 or score_mod in TENSOR_KINDS
+        # Of every 8 probabilities, how many are computed on the FMA pipe (exp2_fma.py).
+        assert 0 <= exp2_fma <= 8
+        self.exp2_fma = exp2_fma
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
 
@@ -766,7 +770,8 @@ class FlashAttentionForwardSm90:
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = new_accumulator(wg_mma_pv, (self.tile_m, self.head_dim_v))
 
-        softmax = OnlineSoftmax.create(scale_log2, cute.size(rows_cols_view(acc_O), mode=[0]), self.rescale_threshold)
+        softmax = OnlineSoftmax.create(scale_log2, cute.size(rows_cols_view(acc_O), mode=[0]), self.rescale_threshold,
+                                       self.exp2_fma)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
 
