@@ -228,7 +228,7 @@ def _compile_bwd(key: catalog.VariantKey):
 
     from fa4_kernels.sm90.bwd import FlashAttentionBackwardSm90
 
-    cfg = heuristics.bwd_config(key)
+    cfg = build_config(key)
     dtype, bshd, vector, stats = _fake_inputs(key)
     kernel = FlashAttentionBackwardSm90(
         dtype, key.head_dim, key.head_dim_v,
@@ -236,7 +236,7 @@ def _compile_bwd(key: catalog.VariantKey):
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod,
-        grad_address_per_tile=cfg.grad_address_per_tile, bias_waves=cfg.bias_waves,
+        grad_address_per_tile=cfg.grad_address_per_tile, bias_waves=cfg.bias_waves, launch_group=cfg.launch_group,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)

@@ -86,6 +86,7 @@ from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
 from fa4_kernels.split_partials import SPIN_LIMIT
+from fa4_kernels.tile_scheduler import StaticPersistentScheduler
 
 NUM_CONSUMER_WG = 2
 PRODUCER_REGS = 24
@@ -131,6 +132,7 @@ class FlashAttentionBackwardSm90:
         score_mod: str = "none",
         grad_address_per_tile: bool = False,
         bias_waves: int = 4,
+        launch_group: int = 0,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tables carry the mask"
@@ -163,6 +165,9 @@ class FlashAttentionBackwardSm90:
         assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
         self.grad_address_per_tile = grad_address_per_tile  # heuristics.BwdConfig
         self.bias_waves = bias_waves  # heuristics.BwdConfig
+        # Causal: the CTAs' launch order in groups of this many (batch, head) pairs (heuristics.BwdConfig).
+        assert launch_group == 0 or (is_causal and not is_varlen)
+        self.launch_group = launch_group
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -436,6 +441,17 @@ class FlashAttentionBackwardSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head_kv, batch_idx = cute.arch.block_idx()
+        if const_expr(self.launch_group > 0):
+            # Causal: K/V block n visits the query blocks from n on, so the low blocks are the
+            # long CTAs. The grid launches each (batch, head) pair's blocks longest first, one pair
+            # after another, so the last pairs' longest blocks would start in the last wave. In
+            # groups of launch_group pairs, block n of every pair of a group goes before block
+            # n + 1 (the forward's tile order; its groups also keep the Q/dO the running CTAs
+            # read within L2). Deterministic turns follow the grid's order: they keep it.
+            if deterministic == 0:
+                blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
+                order = StaticPersistentScheduler(blocks, heads, batches, Int32(self.launch_group), False, Int32(0))
+                n_block, head_kv, batch_idx = order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
         seq = SeqlenInfo.create(batch_idx, mQ.shape[0], mK.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                 mSeqUsedK, has_seqused_k)
         if const_expr(self.is_causal or self.is_local):
