@@ -52,6 +52,10 @@ def env_settings() -> dict:
         # Forward kernels computing this many of every 8 probabilities on the FMA pipe instead of
         # the heuristics' share (heuristics.FwdConfig.exp2_fma); None: the heuristics'.
         "exp2_fma": int(os.environ["FA4_EXP2_FMA"]) if os.environ.get("FA4_EXP2_FMA", "") else None,
+        # Causal backward kernels launching in groups of this many (batch, head) pairs (0: the
+        # grid's order) instead of the heuristics' (heuristics.BwdConfig.launch_group); None: theirs.
+        "bwd_launch_group": (int(os.environ["FA4_BWD_LAUNCH_GROUP"]) if os.environ.get("FA4_BWD_LAUNCH_GROUP", "")
+                             else None),
     }
 
 
@@ -59,11 +63,17 @@ def build_config(key: catalog.VariantKey):
     """The variant's config as this build compiles it: the heuristics' (kernel_config), with the
     build-time overrides of env_settings applied."""
     cfg = heuristics.kernel_config(key)
-    share = env_settings()["exp2_fma"]
+    settings = env_settings()
+    share, group = settings["exp2_fma"], settings["bwd_launch_group"]
     if key.kernel == "fwd" and share is not None:
         if not 0 <= share <= 8:
             raise ValueError(f"FA4_EXP2_FMA={share}: the probabilities per 8 on the FMA pipe, 0 to 8")
         cfg = replace(cfg, exp2_fma=share)
+    if key.kernel == "bwd" and key.mask == "causal" and not key.varlen and group is not None:
+        if group < 0:
+            raise ValueError(f"FA4_BWD_LAUNCH_GROUP={group}: (batch, head) pairs per launch group, 0 for "
+                             "the grid's order")
+        cfg = replace(cfg, launch_group=group)
     return cfg
 
 

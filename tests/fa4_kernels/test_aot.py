@@ -40,6 +40,24 @@ def test_variant_digest_changes_with_sources_and_dsl_version():
     assert a != aot.variant_digest(other, "src1", "4.8.1")
 
 
+def test_build_overrides_reach_the_config_and_the_cache_key(monkeypatch):
+    """FA4_EXP2_FMA and FA4_BWD_LAUNCH_GROUP replace the heuristics' value in the variants they
+    concern (and so their cache keys), and nowhere else."""
+    bwd = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, kernel="bwd")
+    bwd_varlen = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, varlen=True, kernel="bwd")
+    default = {k: (aot.build_config(k), aot.variant_digest(k, "s", "v")) for k in (KEY, bwd, bwd_varlen)}
+    assert default[KEY][0].exp2_fma == 0 and default[bwd][0].launch_group > 0
+    assert default[bwd_varlen][0].launch_group == 0
+    monkeypatch.setenv("FA4_EXP2_FMA", "2")
+    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "0")
+    assert aot.build_config(KEY).exp2_fma == 2 and aot.variant_digest(KEY, "s", "v") != default[KEY][1]
+    assert aot.build_config(bwd).launch_group == 0 and aot.variant_digest(bwd, "s", "v") != default[bwd][1]
+    assert aot.variant_digest(bwd_varlen, "s", "v") == default[bwd_varlen][1]
+    monkeypatch.setenv("FA4_EXP2_FMA", "9")
+    with pytest.raises(ValueError, match="FA4_EXP2_FMA"):
+        aot.build_config(KEY)
+
+
 def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header = tmp_path / f"{KEY.name}.h"
     header.write_text(_fake_header(KEY.name))
