@@ -1,8 +1,10 @@
 """exp2 on the FMA pipe: the softmax's exponentials without the MUFU unit, for a chosen share of
 them (heuristics.FwdConfig.exp2_fma), so that both pipes work on a K/V step's exponentials.
 
-Hopper's MUFU.EX2 runs 16 lanes per SM and clock, a quarter of the FP32 pipe's rate, and at
-head_dim 64 a step's exponentials take about as long as its two GEMMs. The emulation:
+Hopper's MUFU.EX2 runs 16 lanes per SM and clock, an eighth of the FP32 pipe's rate, and at
+head_dim 64 a step's exponentials take about as long as its two GEMMs. On sm_90a every share
+measured slower (docs/perf_notes.md, session 29: the softmax is bound by issue slots, and an
+emulated exponential takes about ten), so the heuristics choose 0 there. The emulation:
 
     x <- clamp(x, -127, 127)                 (the upper clamp only where x may exceed the rescale
                                               threshold: the guessed row max's speculative step)
@@ -63,4 +65,3 @@ def on_fma_pipe(i: int, per_8: int) -> bool:
     spread evenly (i * per_8 / 8 steps past an integer), not in runs, so that the emulated
     exponentials sit between MUFU ones in the instruction stream."""
     return (i + 1) * per_8 // 8 > i * per_8 // 8
-
