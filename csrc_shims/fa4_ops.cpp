@@ -33,6 +33,7 @@ extern "C" {
 #include "fa4_shim.h"
 #include "fa4_variant_table.h"
 }
+#include "fa4_trace.h"
 
 namespace {
 
@@ -135,6 +136,12 @@ void *current_stream(int device) {
   return stream;
 }
 
+bool capturing(void *stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 // Launches go to the current CUDA device: the tensors' device for the length of a call.
 class DeviceGuard {
  public:
@@ -207,9 +214,7 @@ Tensor unused_vector(int device) {
   auto found = vectors->find(device);
   if (found != vectors->end()) return found->second;
   void *stream = current_stream(device);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
-  if (capture != cudaStreamCaptureStatusNone) return zeros({2}, aoti_torch_dtype_int32(), device, 4, stream);
+  if (capturing(stream)) return zeros({2}, aoti_torch_dtype_int32(), device, 4, stream);
   Tensor t = empty({2}, aoti_torch_dtype_int32(), device);
   cudaError_t err = cudaMemset(t.mutable_data_ptr(), 0, 2 * sizeof(int32_t));
   FA4_CHECK(err == cudaSuccess, "fa4: cudaMemset failed: ", cudaGetErrorString(err));
@@ -408,12 +413,12 @@ int32_t dtype_id(ScalarType t) { return t == ScalarType::BFloat16 ? FA4_DTYPE_BF
 
 Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, int64_t dv, int32_t mask_kind,
                          bool softcap, bool varlen, int32_t kind, int32_t score_mod = FA4_SCORE_NONE,
-                         bool kv_cache = false) {
+                         bool kv_cache = false, bool trace = false) {
   // The last few keys this thread looked up (a scan of the table is ~1 us of a call's host time).
   uint64_t key = ((uint64_t)(dev.cc_major * 10 + dev.cc_minor) << 48) | ((uint64_t)dtype_id(dtype) << 44) |
                  ((uint64_t)(d & 0xfff) << 32) | ((uint64_t)(dv & 0xfff) << 20) | ((uint64_t)mask_kind << 16) |
                  ((uint64_t)softcap << 12) | ((uint64_t)varlen << 8) | ((uint64_t)score_mod << 4) |
-                 ((uint64_t)kv_cache << 3) | (uint64_t)(kind + 1);
+                 ((uint64_t)trace << 9) | ((uint64_t)kv_cache << 3) | (uint64_t)(kind + 1);
   static thread_local std::array<std::pair<uint64_t, Candidates>, 8> recent{};
   static thread_local size_t next_slot = 0;
   for (auto &entry : recent)
@@ -423,7 +428,8 @@ Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, in
     const fa4_variant &x = fa4_variants[i];
     if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor && x.dtype == dtype_id(dtype) &&
         x.head_dim == d && x.head_dim_v == dv && x.mask == mask_kind && x.softcap == (int32_t)softcap &&
-        x.varlen == (int32_t)varlen && x.score_mod == score_mod && x.kv_cache == (int32_t)kv_cache)
+        x.varlen == (int32_t)varlen && x.score_mod == score_mod && x.kv_cache == (int32_t)kv_cache &&
+        x.trace == (int32_t)trace)
       c.family[x.tiles] = i;
   }
   recent[next_slot++ % recent.size()] = {key, c};
@@ -506,9 +512,7 @@ fa4_tensor captured_zeros(int device, int64_t words) {
 // memset. One buffer per stream: kernels on different streams may run at the same time.
 // ``keep`` holds the buffer for the call.
 fa4_tensor split_semaphores(int device, void *stream, int64_t words, Tensor *keep) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
-  if (capture != cudaStreamCaptureStatusNone) return captured_zeros(device, words);
+  if (capturing(stream)) return captured_zeros(device, words);
   static std::mutex lock;
   static auto *buffers = new std::map<std::pair<int, void *>, Tensor>();  // never freed
   std::lock_guard<std::mutex> guard(lock);
@@ -532,9 +536,7 @@ fa4_tensor zeroed_counters(int device, void *stream, std::vector<int64_t> shape,
   words = (words + 31) / 32 * 32;  // each call's counters 128-byte aligned (the launches need 16)
   int64_t offset = 0;
   void *base = nullptr;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing((cudaStream_t)stream, &capture);
-  if (capture != cudaStreamCaptureStatusNone) {
+  if (capturing(stream)) {
     *keep = zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
     base = keep->mutable_data_ptr();
   } else {
@@ -682,6 +684,32 @@ fa4_tensor score_view(const ScoreMod &s, const Tensor &t, const Tensor &q) {
   return out;
 }
 
+// A traced launch's records (``semaphores``: trace_record_base's layout) appended to ``path``, with
+// the call's description; waits for the kernel.
+void trace_launch(const char *path, TraceCall &call, const Tensor &semaphores, int64_t base, int64_t capacity,
+                  const Tensor *cu_seqlens_q, void *stream) {
+  cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
+  FA4_CHECK(err == cudaSuccess, "fa4: the traced forward failed: ", cudaGetErrorString(err));
+  const int32_t *words = static_cast<const int32_t *>(semaphores.data_ptr());
+  int32_t head[16];
+  err = cudaMemcpy(head, words, sizeof(head), cudaMemcpyDeviceToHost);
+  int64_t claimed = err == cudaSuccess ? trace_claimed(head) : 0;
+  std::vector<int32_t> records((size_t)(std::min(claimed, capacity) * fa4_trace_record_words));
+  if (err == cudaSuccess && !records.empty())
+    err = cudaMemcpy(records.data(), words + base, records.size() * 4, cudaMemcpyDeviceToHost);
+  if (err == cudaSuccess && cu_seqlens_q != nullptr) {
+    call.cu_seqlens_q.resize((size_t)cu_seqlens_q->numel());
+    err = cudaMemcpy(call.cu_seqlens_q.data(), cu_seqlens_q->data_ptr(), call.cu_seqlens_q.size() * 4,
+                     cudaMemcpyDeviceToHost);
+  }
+  cudaDeviceProp prop;
+  if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, call.device);
+  FA4_CHECK(err == cudaSuccess, "fa4: reading the trace back failed: ", cudaGetErrorString(err));
+  call.device_name = prop.name;
+  std::string problem = trace_append(path, call, records.data(), claimed, capacity);
+  FA4_VALUE(problem.empty(), "fa4: ", problem);
+}
+
 // Launch the compiled forward. q/k/v/out (batch, seqlen, heads, dim) and lse (batch, heads,
 // seqlen), or packed: (total, heads, dim) and (heads, total) with `varlen`.
 void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &lse, fa4_mask mask, double scale,
@@ -697,8 +725,22 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
                 dv = v.size(lead ? 2 : 3);
   if (!varlen) mask = fa4_effective_mask(mask, sq, sk);
   fa4_tuning tune = tuning();
-  Candidates c = find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr,
-                               FA4_KERNEL_FWD, FA4_SCORE_NONE, cache != nullptr);
+  void *stream = current_stream(device);
+  // FA4_TRACE: the variant's trace twin, whose tiles' records trace_launch appends to the file.
+  // Not while capturing a CUDA graph: reading the records back waits for the kernel.
+  std::string untraced;
+  bool traced = tune.trace_path != nullptr;
+  if (traced && capturing(stream)) traced = false, untraced = "captured into a CUDA graph (tracing waits for the kernel)";
+  auto candidates = [&](bool trace) {
+    return find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD,
+                         FA4_SCORE_NONE, cache != nullptr, trace);
+  };
+  Candidates c = candidates(traced);
+  if (traced && c.family[FA4_TILES_REGULAR] < 0) {
+    traced = false, c = candidates(false);
+    untraced = "no trace variant of this kernel is built (the wheel ships bf16 head_dim 64 and 128 without a mask "
+               "or causal; a build with FA4_TRACE_VARIANTS=all has one for every dense, packed and KV-cache forward)";
+  }
   if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_FWD);
   phases.mark("select");
   q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
@@ -724,7 +766,6 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   }
   const fa4_variant &variant = fa4_variants[index];
   const int64_t block_rows = variant.tile_m / packed;  // query rows of one head per tile
-  void *stream = current_stream(device);
   const Tensor &unused = unused_vector(device);
   phases.mark("plan");
   fa4_tensor cu_q = view_of(unused), cu_k = cu_q, used_k = cu_q, order = cu_q;
@@ -775,6 +816,37 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   } else if (!variant.split_tail) {  // a dynamic schedule: the kernel claims tiles from a counter
     ns = zeroed_counters(device, stream, {1}, &semaphores);
   }
+  TraceCall trace_call;
+  int64_t trace_base = 0, trace_capacity = 0;
+  if (traced) {
+    // The records go past the scheduler's words, in a zeroed vector of the call's own.
+    int64_t scheduler_words = 1, partial_words = 0, words = 0;
+    if (tail_ctas) check_status(fa4_split_workspace(index, (int32_t)dv, dev.num_sms, &scheduler_words, &partial_words),
+                                "forward");
+    int64_t tiles = varlen ? pairs * ((tile_rows + block_rows - 1) / block_rows)
+                           : b * (hq / packed) * ((sq + block_rows - 1) / block_rows);
+    trace_capacity = tiles + 2 * (int64_t)grid + 64;  // a split tail's pieces: at most one per CTA
+    trace_base = trace_record_base(scheduler_words, trace_capacity, &words);
+    semaphores = zeros({words}, aoti_torch_dtype_int32(), device, 4, stream);
+    int32_t head[16] = {0};
+    bool deal = !variant.split_tail && tune.trace_schedule == 1;
+    for (auto &entry : trace_header(trace_base, trace_capacity, deal)) head[entry.first] = entry.second;
+    cudaError_t err = cudaMemcpyAsync(semaphores.mutable_data_ptr(), head, sizeof(head), cudaMemcpyHostToDevice,
+                                      (cudaStream_t)stream);
+    FA4_CHECK(err == cudaSuccess, "fa4: writing the trace header failed: ", cudaGetErrorString(err));
+    ns = view_of(semaphores);
+    trace_call.op = cache ? "fwd_kvcache" : varlen ? "fwd_varlen" : "fwd";
+    trace_call.dynamic = !variant.split_tail, trace_call.dealt = deal, trace_call.varlen = varlen != nullptr;
+    trace_call.device = device, trace_call.num_sms = dev.num_sms, trace_call.grid = grid;
+    trace_call.tail_ctas = tail_ctas, trace_call.pack_gqa = packed;
+    trace_call.tile_m = variant.tile_m, trace_call.tile_n = variant.tile_n, trace_call.mask = mask_name(mask.kind);
+    trace_call.batch = varlen ? varlen->cu_q.size(0) - 1 : b, trace_call.seqlen_q = sq, trace_call.seqlen_k = sk;
+    trace_call.heads_q = hq, trace_call.heads_kv = hkv, trace_call.head_dim = d, trace_call.head_dim_v = dv;
+  } else if (!untraced.empty()) {
+    std::string err = trace_note_untraced(tune.trace_path, cache ? "fwd_kvcache" : varlen ? "fwd_varlen" : "fwd",
+                                          variant.name, untraced);
+    FA4_VALUE(err.empty(), "fa4: ", err);
+  }
   fa4_fwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, group, grid,
                         (int32_t)tile_rows, (varlen && varlen->used_k) || cache ? 1 : 0, packed, tail_ctas,
                         cache ? (int32_t)cache->page_size : 0, cache ? (int32_t)cache->seqlen_new : 0};
@@ -793,6 +865,11 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
                        cache ? &v_new : nullptr, &params, stream),
                "forward kernel");
   phases.mark("launch");
+  if (traced) {
+    trace_call.variant = variant.name;
+    trace_launch(tune.trace_path, trace_call, semaphores, trace_base, trace_capacity, varlen ? &varlen->cu_q : nullptr,
+                 stream);
+  }
 }
 
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, double softmax_scale, bool causal, int64_t window_left,

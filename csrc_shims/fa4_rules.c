@@ -409,7 +409,7 @@ extern char **environ;
 /* The value of FA4_<suffix> in one scan of the environment (the operators read the tuning
  * settings on every call: one pass over environ instead of a getenv per setting). */
 typedef struct {
-  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate;
+  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *trace, *trace_schedule;
 } tuning_text;
 
 static void scan_environment(tuning_text *out) {
@@ -421,7 +421,8 @@ static void scan_environment(tuning_text *out) {
       {"L2_SWIZZLE_MB=", offsetof(tuning_text, l2_swizzle_mb)}, {"PERSISTENT=", offsetof(tuning_text, persistent)},
       {"TILES=", offsetof(tuning_text, tiles)}, {"SPLIT_TAIL=", offsetof(tuning_text, split_tail)},
       {"BWD_STORE_FIRST=", offsetof(tuning_text, bwd_store_first)},
-      {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)},
+      {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)}, {"TRACE=", offsetof(tuning_text, trace)},
+      {"TRACE_SCHEDULE=", offsetof(tuning_text, trace_schedule)},
   };
   for (char **entry = environ; entry && *entry; entry++) {
     const char *e = *entry;
@@ -459,6 +460,14 @@ int32_t fa4_read_tuning(fa4_tuning *out) {
     for (int32_t i = 0; i < 3; i++)
       if (strcmp(tiles, families[i]) == 0) out->tiles = i;
     if (out->tiles == FA4_AUTO) return refuse("FA4_TILES must be one of regular, short, long; got '%s'", tiles);
+  }
+  out->trace_path = (text.trace != NULL && text.trace[0] != '\0') ? text.trace : NULL;
+  const char *schedule = text.trace_schedule;
+  out->trace_schedule = FA4_AUTO;
+  if (schedule != NULL && schedule[0] != '\0') {
+    if (strcmp(schedule, "static") == 0) out->trace_schedule = 1;
+    else if (strcmp(schedule, "dynamic") == 0) out->trace_schedule = 0;
+    else return refuse("FA4_TRACE_SCHEDULE must be static or dynamic; got '%s'", schedule);
   }
   return 0;
 }

@@ -88,6 +88,10 @@ typedef struct {
   int32_t split_tail;        /* FA4_SPLIT_TAIL */
   int32_t bwd_store_first;   /* FA4_BWD_STORE_FIRST */
   int32_t bwd_rotate;        /* FA4_BWD_ROTATE */
+  /* FA4_TRACE_SCHEDULE: traced calls of dynamically scheduled variants deal their tiles
+     round-robin ("static": 1) or claim them as usual ("dynamic": 0). */
+  int32_t trace_schedule;
+  const char *trace_path;    /* FA4_TRACE: the file traced forwards append to; NULL when unset or empty */
 } fa4_tuning;
 
 /* Returns 0, or 1 (fa4_rules_error()) for a value the variable does not take. */

@@ -55,6 +55,7 @@ typedef struct {
   int32_t tiles;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
   int32_t kv_cache; /* 1: k/v are a paged KV cache read through page_table (fa4_fwd) */
+  int32_t trace;    /* 1: also records a per-tile timeline (src/fa4_kernels/trace.py; fa4_ops.cpp trace_call) */
   int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;
                      bwd: the padding unit of the LSE/dPsum rows) */
   int32_t tile_n; /* keys per K/V block (bwd: the grid's x covers ceil(seqlen_k / tile_n)) */
@@ -71,6 +72,13 @@ extern const fa4_variant fa4_variants[];
 extern const int32_t fa4_variant_count;
 /* The backward statistics' padding unit in rows (fa4_kernels.heuristics.STATS_BLOCK_ROWS). */
 extern const int32_t fa4_stats_block_rows;
+/* The trace records' layout (fa4_kernels.trace): the semaphores words of the record counter, the
+   first record's word, the capacity in records and the round-robin switch; the words per record,
+   their names and the flag bits ("name=bit,..."). */
+extern const int32_t fa4_trace_header[4];
+extern const int32_t fa4_trace_record_words;
+extern const char *const fa4_trace_fields;
+extern const char *const fa4_trace_flags;
 
 #ifdef __cplusplus
 }

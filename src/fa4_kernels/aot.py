@@ -56,7 +56,15 @@ def env_settings() -> dict:
         # grid's order) instead of the heuristics' (heuristics.BwdConfig.launch_group); None: theirs.
         "bwd_launch_group": (int(os.environ["FA4_BWD_LAUNCH_GROUP"]) if os.environ.get("FA4_BWD_LAUNCH_GROUP", "")
                              else None),
+        # Which forwards get a trace twin (catalog.all_variants): the shipped set, or "all".
+        "trace_variants": _trace_choice(os.environ.get("FA4_TRACE_VARIANTS", "") or "shipped"),
     }
+
+
+def _trace_choice(value: str) -> str:
+    if value not in catalog.TRACE_CHOICES:
+        raise ValueError(f"FA4_TRACE_VARIANTS={value!r}: one of {', '.join(catalog.TRACE_CHOICES)}")
+    return value
 
 
 def build_config(key: catalog.VariantKey):
@@ -83,7 +91,7 @@ def dsl_version() -> str:
 
 # Kernel files only some kinds of kernel import: an edit to one leaves the other kinds' objects
 # cached. The preprocess imports the statistics layout (stats_offset) from the backward's file.
-KERNEL_ONLY_SOURCES = {"sm90/fwd.py": ("fwd",), "kv_cache.py": ("fwd",),
+KERNEL_ONLY_SOURCES = {"sm90/fwd.py": ("fwd",), "kv_cache.py": ("fwd",), "trace.py": ("fwd",),
                        "sm90/bwd.py": ("bwd", "bwd_pre"), "dq_order.py": ("bwd", "bwd_pre"),
                        "sm90/bwd_preprocess.py": ("bwd_pre",), "sm90/bwd_postprocess.py": ("bwd_post",)}
 
@@ -108,14 +116,17 @@ def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
     cfg = build_config(key)
     mode = env_settings()["diag_stamps"]
     diag = ["diag_stamps"] + ([] if mode == "all" else [mode]) if mode else []
-    blob = json.dumps([key.as_dict(), asdict(cfg), sources, version] + diag, sort_keys=True)
+    fields = key.as_dict()
+    if not key.trace:  # keys from before trace twins existed hash as they did
+        del fields["trace"]
+    blob = json.dumps([fields, asdict(cfg), sources, version] + diag, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
 # ------------------------------------------------------------------------------ compile
 def compile_variant(name: str, out_dir: Path) -> None:
     """Compile one variant in this process (CUTE_DSL_ARCH must already match its arch)."""
-    key = next(v for v in catalog.all_variants((os.environ["CUTE_DSL_ARCH"],)) if v.name == name)
+    key = next(v for v in catalog.all_variants((os.environ["CUTE_DSL_ARCH"],), trace="all") if v.name == name)
     compiled = {"fwd": _compile_fwd, "bwd": _compile_bwd, "bwd_pre": _compile_bwd_pre,
                 "bwd_post": _compile_bwd_post}[key.kernel](key)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -177,7 +188,7 @@ def _compile_fwd(key: catalog.VariantKey):
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile, bias_waves=cfg.bias_waves,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
-        exp2_fma=cfg.exp2_fma, stamps=env_settings()["diag_stamps"],
+        exp2_fma=cfg.exp2_fma, stamps=env_settings()["diag_stamps"], trace=key.trace,
     )
     semaphores, partials = vector(align=16), vector(Float32, 16)
     # KV cache (placeholders elsewhere): the page table (batch, max_pages) int32, rows contiguous,
@@ -481,15 +492,27 @@ static int32_t {n}_load(int32_t device) {{
         score = {"none": "FA4_SCORE_NONE", "alibi": "FA4_SCORE_ALIBI", "relbias": "FA4_SCORE_RELBIAS",
                  "bias": "FA4_SCORE_BIAS", "bias16": "FA4_SCORE_BIAS16"}[key.score_mod]
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
-                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {int(key.kv_cache)}, {cfg.tile_m}, '
-                    f'{getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')
+                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {int(key.kv_cache)}, {int(key.trace)}, '
+                    f'{cfg.tile_m}, {getattr(cfg, "tile_n", 0)}, {split_tail}, {n}_init, {n}_load, {launch}}},')
     out.append("const fa4_variant fa4_variants[] = {")
     out += rows
     out.append("};")
     out.append(f"const int32_t fa4_variant_count = {len(rows)};")
     out.append(f"const int32_t fa4_stats_block_rows = {heuristics.STATS_BLOCK_ROWS};")
+    out += trace_layout_c()
     out.append(f"_Static_assert({len(rows)} <= FA4_MAX_VARIANTS, \"raise FA4_MAX_VARIANTS\");")
     return "\n".join(out) + "\n"
+
+
+def trace_layout_c() -> list[str]:
+    """The trace records' layout (trace.py) as the native library's constants (fa4_variant_table.h)."""
+    from fa4_kernels import trace
+
+    return [f"const int32_t fa4_trace_header[4] = {{{trace.COUNTER_WORD}, {trace.BASE_WORD}, "
+            f"{trace.CAPACITY_WORD}, {trace.DEAL_WORD}}};",
+            f"const int32_t fa4_trace_record_words = {trace.RECORD_WORDS};",
+            f'const char *const fa4_trace_fields = "{",".join(trace.FIELDS)}";',
+            f'const char *const fa4_trace_flags = "{",".join(f"{k}={v}" for k, v in trace.FLAGS.items())}";']
 
 
 def find_cuda() -> tuple[Path, Path]:
@@ -544,6 +567,7 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
         "dsl_version": dsl_version(),
         "archs": list(archs),
         "filter": pattern,
+        "trace_variants": env_settings()["trace_variants"],
         "variants": [dict(key.as_dict(), name=key.name, **asdict(build_config(key)))
                      for key, _ in entries],
     }
@@ -610,7 +634,7 @@ def link_ops(lib_dir: Path, cuda_inc: Path, cudart_dir: Path, cudart: str) -> Pa
     cmd = [os.environ.get("CXX", "c++"), "-shared", "-fPIC", "-O2", "-std=c++17", "-Wall", "-Wl,-z,defs",
            f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA", *stamps,
            "-I", str(torch_dir / "include"), "-I", str(cuda_inc), "-I", str(SHIM_DIR),
-           str(SHIM_DIR / "fa4_ops.cpp"),
+           str(SHIM_DIR / "fa4_ops.cpp"), str(SHIM_DIR / "fa4_trace.cpp"),
            "-L", str(lib_dir), f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN",
            "-L", str(torch_dir / "lib"), "-Wl,--no-as-needed", "-ltorch_cpu", "-Wl,--as-needed",
            "-L", str(cudart_dir), f"-l:{cudart}", "-ldl", "-o", str(tmp_out)]
@@ -626,7 +650,7 @@ def build(out_root: Path, lib_dir: Path, archs=None, pattern=None, jobs=None) ->
     archs = archs or settings["archs"]
     pattern = settings["filter"] if pattern is None else pattern
     jobs = jobs or settings["jobs"]
-    variants = catalog.select_variants(catalog.all_variants(archs), pattern)
+    variants = catalog.select_variants(catalog.all_variants(archs, settings["trace_variants"]), pattern)
     if not variants:
         raise RuntimeError(f"no variant matches FA4_VARIANTS={pattern!r}")
     t0 = time.time()

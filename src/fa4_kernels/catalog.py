@@ -7,7 +7,7 @@ value, scale) are kernel arguments and never part of a key.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 ARCHS = ("sm_90a",)
 DTYPES = ("bf16", "fp16")
@@ -27,6 +27,14 @@ SCORE_MODS = ("alibi", "relbias") + TENSOR_SCORE_MODS
 # table (a contiguous cache is one page per sequence), appended rows written by the kernel. Dense
 # query batches, every head dim, mask and softcap; regular tiles.
 KV_CACHE_MASKS = MASKS
+# Trace variants (fa4.trace; src/fa4_kernels/trace.py): forwards that also record a timeline of
+# their tiles. The wheel ships them for these keys (dense, packed and KV-cache, with every tile
+# family built for them); a build with FA4_TRACE_VARIANTS=all adds one beside every dense, packed and
+# KV-cache forward.
+TRACE_DTYPES = ("bf16",)
+TRACE_HEAD_DIMS = ((64, 64), (128, 128))
+TRACE_MASKS = ("none", "causal")
+TRACE_CHOICES = ("shipped", "all")
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
 # statistics it reads) and its postprocess (dQ's conversion to the input dtype).
 KERNELS = ("fwd", "bwd", "bwd_pre", "bwd_post")
@@ -52,6 +60,7 @@ class VariantKey:
     kernel: str = "fwd"  # KERNELS
     score_mod: str = "none"  # "none" | SCORE_MODS (block-sparse fwd and bwd)
     kv_cache: bool = False  # K/V from a paged KV cache (fwd only)
+    trace: bool = False  # records a per-tile timeline (fwd only, not block-sparse: TRACE_*)
 
     @property
     def name(self) -> str:
@@ -63,8 +72,9 @@ class VariantKey:
         tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
         sm = "" if self.score_mod == "none" else f"_{self.score_mod}"
         kv = "_kvcache" if self.kv_cache else ""
+        tr = "_trace" if self.trace else ""
         return (f"fa4_{self.kernel}_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}"
-                f"{sc}{sm}{vl}{kv}{tl}")
+                f"{sc}{sm}{vl}{kv}{tl}{tr}")
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -82,7 +92,21 @@ TILE_FAMILIES = {"short": ((64, 64),), "long": ((128, 128),)}
 TILE_FAMILY_MASKS = {"short": ("none", "causal"), "long": ("none", "causal")}
 
 
-def all_variants(archs=ARCHS) -> list[VariantKey]:
+def traceable(key: VariantKey) -> bool:
+    """Whether ``key`` may have a trace twin: a dense, packed or KV-cache forward."""
+    return key.kernel == "fwd" and key.mask != SPARSE_MASK and not key.trace
+
+
+def shipped_trace(key: VariantKey) -> bool:
+    """Whether the wheel ships ``key``'s trace twin (TRACE_*)."""
+    return (traceable(key) and key.dtype in TRACE_DTYPES and (key.head_dim, key.head_dim_v) in TRACE_HEAD_DIMS
+            and key.mask in TRACE_MASKS and not key.softcap)
+
+
+def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
+    """Every variant of ``archs``; trace twins for the shipped keys or, with ``trace="all"``,
+    for every traceable one (FA4_TRACE_VARIANTS)."""
+    assert trace in TRACE_CHOICES, trace
     regular = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen)
         for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
@@ -123,7 +147,9 @@ def all_variants(archs=ARCHS) -> list[VariantKey]:
     # The postprocess converts a flat range: one per dtype (head dims 0: it serves every one).
     postprocess = [VariantKey(arch, dtype, 0, 0, "none", False, kernel="bwd_post")
                    for arch, dtype in itertools.product(archs, DTYPES)]
-    return regular + extra + sparse + kv_cache + backward + preprocess + postprocess
+    plain = regular + extra + sparse + kv_cache + backward + preprocess + postprocess
+    wanted = traceable if trace == "all" else shipped_trace
+    return plain + [replace(key, trace=True) for key in plain if wanted(key)]
 
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:

@@ -63,9 +63,9 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header.write_text(_fake_header(KEY.name))
     c = aot.generate_table([(KEY, header)])
     # forward kind, sm_90, its call key (bf16, 128 x 128, causal, no softcap, regular tiles, not
-    # varlen, no KV cache), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
+    # varlen, no KV cache, not traced), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
     assert (f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 128, 128, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 128, 128, 0,') in c
     assert f"{KEY.name}_fwd, NULL, NULL, NULL}}" in c
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
@@ -112,18 +112,19 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     c = aot.generate_table(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 64, 128, 0,') in c and f"NULL, {main.name}_bwd, NULL, NULL}}" in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 64, 128, 0,') in c
+    assert f"NULL, {main.name}_bwd, NULL, NULL}}" in c
     assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream" in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     assert "&t_sparse_bits, &t_score_params, &t_score_grad," in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
     assert (f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 128, 0, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 128, 0, 0,') in c
     assert f"NULL, NULL, {pre.name}_bwd_pre, NULL}}" in c
     # The postprocess: one per dtype (head dims 0), a flat range in and out.
     assert post.name == "fa4_bwd_post_sm_90a_fp16"
     assert (f'{{"{post.name}", FA4_KERNEL_BWD_POST, 9, 0, FA4_DTYPE_FP16, 0, 0, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0, 0,') in c
     assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
     assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
     assert "p->has_dlse, p->zero_rows, p->num_m_blocks, stream" in c

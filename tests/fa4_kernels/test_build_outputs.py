@@ -21,8 +21,8 @@ def test_manifest_matches_catalog_and_library():
     manifest = json.loads((NATIVE / "variants.json").read_text())
     names = [v["name"] for v in manifest["variants"]]
     # The build records the arch list and filter it was asked for; a full build has no filter.
-    expected = [v.name for v in catalog.select_variants(catalog.all_variants(tuple(manifest["archs"])),
-                                                          manifest["filter"])]
+    variants = catalog.all_variants(tuple(manifest["archs"]), manifest.get("trace_variants", "shipped"))
+    expected = [v.name for v in catalog.select_variants(variants, manifest["filter"])]
     assert names == expected
     nm = subprocess.run(["nm", "-D", "--defined-only", str(NATIVE / "libfa4.so")], capture_output=True, text=True, check=True).stdout
     for sym in ("fa4_fwd", "fa4_bwd", "fa4_bwd_preprocess", "fa4_bwd_postprocess", "fa4_num_variants", "fa4_variant_name",

@@ -276,16 +276,27 @@ def test_python_constants_match_the_rules_library():
 
 def test_tuning_settings_are_read_per_call(monkeypatch):
     for name in ("FA4_L2_SWIZZLE_MB", "FA4_PERSISTENT", "FA4_TILES", "FA4_SPLIT_TAIL", "FA4_BWD_STORE_FIRST",
-                 "FA4_BWD_ROTATE"):
+                 "FA4_BWD_ROTATE", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
         monkeypatch.delenv(name, raising=False)
     assert heuristics.tuning() == {"l2_swizzle_bytes": None, "persistent": None, "tiles": None, "split_tail": None,
-                                   "bwd_store_first": None, "bwd_rotate": None}
+                                   "bwd_store_first": None, "bwd_rotate": None, "trace_schedule": None,
+                                   "trace_path": None}
     monkeypatch.setenv("FA4_L2_SWIZZLE_MB", "1.5")
     monkeypatch.setenv("FA4_PERSISTENT", "0")
     monkeypatch.setenv("FA4_TILES", "long")
     monkeypatch.setenv("FA4_BWD_ROTATE", "1")
+    monkeypatch.setenv("FA4_TRACE", "/tmp/some trace.jsonl")
+    monkeypatch.setenv("FA4_TRACE_SCHEDULE", "static")
     assert heuristics.tuning() == {"l2_swizzle_bytes": 3 << 19, "persistent": False, "tiles": "long",
-                                   "split_tail": None, "bwd_store_first": None, "bwd_rotate": True}
+                                   "split_tail": None, "bwd_store_first": None, "bwd_rotate": True,
+                                   "trace_schedule": "static", "trace_path": "/tmp/some trace.jsonl"}
+    monkeypatch.setenv("FA4_TRACE", "")  # empty: off, as unset
+    monkeypatch.setenv("FA4_TRACE_SCHEDULE", "dynamic")
+    assert heuristics.tuning()["trace_path"] is None and heuristics.tuning()["trace_schedule"] == "dynamic"
+    monkeypatch.setenv("FA4_TRACE_SCHEDULE", "round-robin")
+    with pytest.raises(ValueError, match="FA4_TRACE_SCHEDULE must be static or dynamic"):
+        heuristics.tuning()
+    monkeypatch.delenv("FA4_TRACE_SCHEDULE")
     monkeypatch.setenv("FA4_TILES", "tall")
     with pytest.raises(ValueError, match="FA4_TILES must be one of regular, short, long"):
         heuristics.tuning()

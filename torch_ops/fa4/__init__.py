@@ -152,4 +152,14 @@ from fa4.flex import flex_attention  # noqa: E402
 from fa4.kv_cache import attention_with_kvcache, flash_attn_with_kvcache  # noqa: E402
 
 __all__ += ["attention_with_kvcache", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-            "flex_attention", "masks", "score_mods"]
+            "flex_attention", "masks", "score_mods", "trace"]
+
+
+def __getattr__(name: str):
+    # fa4.trace (the timeline module, also the context manager ``with fa4.trace(path):``) is
+    # imported on first use, so that ``python -m fa4.trace`` runs a module fa4 did not import yet.
+    if name == "trace":
+        import importlib
+
+        return importlib.import_module("fa4.trace")
+    raise AttributeError(f"module 'fa4' has no attribute {name!r}")

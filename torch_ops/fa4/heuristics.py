@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,8 @@ class MaskSpec:
 
 class _Tuning(ctypes.Structure):
     _fields_ = [("l2_swizzle_bytes", ctypes.c_int64)] + [
-        (name, ctypes.c_int32) for name in ("persistent", "tiles", "split_tail", "bwd_store_first", "bwd_rotate")]
+        (name, ctypes.c_int32) for name in ("persistent", "tiles", "split_tail", "bwd_store_first", "bwd_rotate",
+                                            "trace_schedule")] + [("trace_path", ctypes.c_char_p)]
 
 
 class _Mask(ctypes.Structure):
@@ -96,15 +98,18 @@ def _spec(mask: _Mask) -> MaskSpec:
 
 def tuning() -> dict:
     """The run-time tuning settings as the native operators read them now (FA4_L2_SWIZZLE_MB in
-    bytes, the others None for unset, a bool, or FA4_TILES's family name); ValueError for a value
-    a variable does not take."""
+    bytes, FA4_TRACE's path, FA4_TRACE_SCHEDULE's word, the others None for unset, a bool, or
+    FA4_TILES's family name); ValueError for a value a variable does not take."""
     out = _Tuning()
     if rules().fa4_read_tuning(ctypes.byref(out)):
         raise ValueError(_error())
     values = {name: getattr(out, name) for name, _ in _Tuning._fields_}
-    return {name: None if value == _AUTO else
-            (TILE_FAMILIES[value] if name == "tiles" else value if name == "l2_swizzle_bytes" else bool(value))
-            for name, value in values.items()}
+    trace_path = values.pop("trace_path")
+    settings = {name: None if value == _AUTO else
+                (TILE_FAMILIES[value] if name == "tiles" else value if name == "l2_swizzle_bytes" else
+                 ("dynamic", "static")[value] if name == "trace_schedule" else bool(value))
+                for name, value in values.items()}
+    return dict(settings, trace_path=None if trace_path is None else os.fsdecode(trace_path))
 
 
 def resolve_mask(causal: bool, window_left: int, window_right: int) -> MaskSpec:

@@ -58,7 +58,8 @@ def report() -> str:
         kinds = Counter(v.get("kernel", "fwd") for v in variants)
         lines.append(f"kernels: {len(variants)} variants ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}) "
                      f"for {', '.join(manifest.get('archs', []))}, CuTe DSL {manifest.get('dsl_version', '?')}"
-                     + (f", filtered by FA4_VARIANTS={manifest['filter']!r}" if manifest.get("filter") else ""))
+                     + (f", filtered by FA4_VARIANTS={manifest['filter']!r}" if manifest.get("filter") else "")
+                     + f"; {sum(bool(v.get('trace')) for v in variants)} of the forwards are trace twins (fa4.trace)")
         dims = sorted({(v["head_dim"], v["head_dim_v"]) for v in variants if v["head_dim"]})  # not the postprocess
         dtypes = sorted({v["dtype"] for v in variants})
         lines.append(f"  (head_dim, head_dim_v): {dims}; dtypes: {dtypes}")

@@ -60,6 +60,7 @@ from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
 from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
 from fa4_kernels.stamps import TILE_END, Stamps
+from fa4_kernels.trace import FLAG_DEALT, FLAG_DYNAMIC, FLAG_SPLIT_MERGER, FLAG_SPLIT_WRITER, TileTrace, deal_round_robin
 from fa4_kernels.tile_scheduler import (
     MERGER,
     UNBOUNDED_BLOCKS,
@@ -112,6 +113,7 @@ class FlashAttentionForwardSm90:
         kv_cache: bool = False,
         exp2_fma: int = 0,
         stamps: str = "",
+        trace: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "1 to 4 consumer warpgroups"
@@ -192,6 +194,9 @@ class FlashAttentionForwardSm90:
         self.exp2_fma = exp2_fma
         # Diagnostic build: clock stamps of the consumer loop into the partials buffer (stamps.py).
         self.stamps = stamps
+        # Trace variant: a record per tile in the semaphores vector (trace.py); a dynamically
+        # scheduled one can also deal its tiles round-robin, the static schedule it is compared with.
+        self.trace = trace
 
     # ------------------------------------------------------------------ host side
     def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
@@ -615,6 +620,9 @@ class FlashAttentionForwardSm90:
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         tiles_loaded = Int32(0)
+        dealt = False
+        if const_expr(self.trace and self.dynamic_schedule):
+            dealt = deal_round_robin(mSemaphores)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
         while valid:
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
@@ -706,7 +714,13 @@ class FlashAttentionForwardSm90:
             if const_expr(self.o_in_v):
                 tiles_loaded += 1
             if const_expr(self.dynamic_schedule):
-                cursor = claim_next_tile(mSemaphores.iterator)
+                if const_expr(self.trace):
+                    if dealt:
+                        cursor = cursor + Int32(cute.arch.grid_dim()[0])
+                    else:
+                        cursor = claim_next_tile(mSemaphores.iterator)
+                else:
+                    cursor = claim_next_tile(mSemaphores.iterator)
                 handoff_publish(tile_slots, tile_mbar, handoffs, cursor)
                 handoffs += 1
             else:
@@ -795,11 +809,20 @@ class FlashAttentionForwardSm90:
                 scheduler = scheduler.with_fast_division()
             schedule_at = lambda cursor: scheduler  # noqa: E731
         stamps = Stamps.create(partials.partials, tidx, wg_idx) if const_expr(self.stamps) else None
+        tracer = TileTrace(partials.semaphores, tidx) if const_expr(self.trace) else None
+        tile_flags = Int32(0)
+        if const_expr(self.trace and self.dynamic_schedule):
+            tile_flags = Int32(FLAG_DYNAMIC)
+            if deal_round_robin(partials.semaphores):
+                tile_flags = Int32(FLAG_DYNAMIC | FLAG_DEALT)
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
         while valid:
+            trace_slot = Int32(-1)
+            if const_expr(self.trace):
+                trace_slot = tracer.begin(cursor, m_block, head_idx, batch_idx, tile_flags)
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
@@ -818,6 +841,8 @@ class FlashAttentionForwardSm90:
             else:
                 n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
                                                             kv_lo, kv_hi, bound)
+            if const_expr(self.trace):
+                tracer.blocks(trace_slot, n_block_min, n_block_max)
             if const_expr(self.kv_cache):
                 mPageTable, page_size, mKCache, mVCache, mKNew, mVNew = kv_cache
                 seqlen_new = seqlens[4]
@@ -881,6 +906,8 @@ class FlashAttentionForwardSm90:
             pipeline_q.consumer_wait(q_state)
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 1)
+            if const_expr(self.trace):
+                tracer.mark(trace_slot, "q_ready_lo")
 
             # First block: Q @ K^T with no P @ V to pair it with, masked for the seqlen_k tail and
             # the causal/local edges. It still takes its turn in the ping-pong, so one
@@ -1001,11 +1028,14 @@ class FlashAttentionForwardSm90:
             kv_state.advance()
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, 4)
+            if const_expr(self.trace):
+                tracer.mark(trace_slot, "blocks_done_lo")
             tile_stamp = None
             if const_expr(self.stamps):
                 count_q = q_state.count
                 tile_stamp = lambda point: stamps.tile(count_q, point)  # noqa: E731
 
+            end_flags = Int32(0)
             if const_expr(self.split_tail):
                 # A piece of a split tile (static schedule's last round): writers leave their
                 # partial state for the tile's merger; the merger folds every writer's in first.
@@ -1013,6 +1043,11 @@ class FlashAttentionForwardSm90:
                 role = split.role(kv_lo, cutlass.min(kv_hi, split.n_blocks))
                 cta = split.cta
                 sync_id = int(FwdBarrier.SPLIT_WG) + wg_idx
+                if const_expr(self.trace):
+                    if role == WRITER:
+                        end_flags = Int32(FLAG_SPLIT_WRITER)
+                    elif role == MERGER:
+                        end_flags = Int32(FLAG_SPLIT_MERGER)
                 if role == WRITER:
                     live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
                     partials.store(cta, wg_idx, tidx, acc_O, softmax.row_max, softmax.row_sum, live, sync_id)
@@ -1021,9 +1056,13 @@ class FlashAttentionForwardSm90:
                         live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
                         writers = split.writers(cta)
                         partials.wait(cta + 1, writers, wg_idx, tidx, sync_id)
+                        if const_expr(self.trace):
+                            tracer.mark(trace_slot, "partials_ready_lo")
                         for i in cutlass.range(writers, unroll=1):
                             partials.merge(cta + 1 + i, tidx, acc_O, softmax.row_max, softmax.row_sum, live,
                                            softmax.scale_log2)
+                        if const_expr(self.trace):
+                            tracer.mark(trace_slot, "merged_lo")
                         merged = softmax.row_totals()
                         for r in cutlass.range_constexpr(cute.size(totals)):
                             totals[r] = merged[r]
@@ -1034,6 +1073,8 @@ class FlashAttentionForwardSm90:
                                  tidx, batch_idx, seq, rows, o_free_mbar, tile_stamp)
             if const_expr(self.stamps):
                 stamps.tile(q_state.count, TILE_END)
+            if const_expr(self.trace):
+                tracer.end(trace_slot, end_flags)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 cursor = handoff_receive(tile_slots, tile_mbar, handoffs)
