@@ -5,7 +5,6 @@ production kernel's time per call (back-to-back eager calls) to compare with the
     python scripts/trace_timelines.py OUT_DIR      # then, anywhere with matplotlib:
     python -m fa4.trace OUT_DIR/varlen_long_doc.jsonl --png docs/trace_varlen_long_doc.png
 """
-import statistics
 import sys
 from pathlib import Path
 
@@ -13,21 +12,7 @@ import torch
 
 import fa4
 from fa4 import trace as fa4_trace
-
-
-def gpu_us(fn, calls=10, rounds=3):
-    """Per call, back-to-back eager calls between two events (median of rounds): GPU time where
-    the kernel outlasts the host's launch, the host's time per call where it does not."""
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+from fa4.bench_kvcache import eager_ms
 
 
 def cases():
@@ -63,8 +48,7 @@ def main(out_dir: str, only: list[str]) -> None:
             continue
         path = out / f"{name}.jsonl"
         path.unlink(missing_ok=True)
-        run()
-        plain = gpu_us(run)
+        plain = eager_ms(run, iters=3, calls=10) * 1e3
         # A traced call waits for its kernel and writes the file before returning: its events would
         # time that too, so the trace's own makespan (first tile start to last tile end) stands in.
         for schedule in (None, "static"):
