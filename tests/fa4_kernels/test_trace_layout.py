@@ -60,3 +60,17 @@ def test_native_constants_follow_the_kernel_layout():
     for name, bit in trace.FLAGS.items():
         assert f"{name}={bit}" in c and bit & (bit - 1) == 0
     assert set(trace.FIELD) == set(trace.FIELDS) and len(trace.FIELDS) == trace.RECORD_WORDS
+
+
+def test_the_renderer_decodes_every_mark_the_kernels_write():
+    pytest.importorskip("cutlass")
+    import dataclasses as dc
+
+    from fa4 import trace as fa4_trace
+    from fa4_kernels import trace
+
+    # Each time mark is a record field, and fa4.trace.Tile carries it (without the "_lo" suffix).
+    assert set(trace.MARKS) <= set(trace.FIELDS)
+    tile_fields = {f.name for f in dc.fields(fa4_trace.Tile)}
+    assert {mark.removesuffix("_lo") for mark in trace.MARKS} <= tile_fields
+    assert {"start", "end"} <= tile_fields
