@@ -92,6 +92,7 @@ def dsl_version() -> str:
 # Kernel files only some kinds of kernel import: an edit to one leaves the other kinds' objects
 # cached. The preprocess imports the statistics layout (stats_offset) from the backward's file.
 KERNEL_ONLY_SOURCES = {"sm90/fwd.py": ("fwd",), "kv_cache.py": ("fwd",), "trace.py": ("fwd",),
+                       "split_partials.py": ("fwd",),
                        "sm90/bwd.py": ("bwd", "bwd_pre"), "dq_order.py": ("bwd", "bwd_pre"),
                        "sm90/bwd_preprocess.py": ("bwd_pre",), "sm90/bwd_postprocess.py": ("bwd_post",)}
 

@@ -45,6 +45,12 @@ def loop_bound_zero(x: Int32, *, loc=None, ip=None) -> Int32:
                             "=r,r", (Int32(x),), volatile=True, loc=loc, ip=ip))
 
 
+# Polls (each after a ~0.1-1 us nanosleep) before a waiter gives up on a flag or counter and traps:
+# tens of seconds, far beyond any real wait. A writer that never comes is a bug, and an error from
+# the launch is better than a hang.
+SPIN_LIMIT = 1 << 26
+
+
 @dsl_user_op
 def nanosleep(*, loc=None, ip=None) -> None:
     """Back off for a while (~0.1-1 us) between polls: keeps a waiting warp off the issue slots."""

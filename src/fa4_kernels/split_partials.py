@@ -23,13 +23,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from fa4_kernels.hopper_mma import rows_cols_view
-from fa4_kernels.ptx import nanosleep, trap
+from fa4_kernels.ptx import SPIN_LIMIT, nanosleep, trap
 
 FLAGS_BASE = 32  # semaphore words before the flags (word 0: the tile counter)
-# Polls (each after a ~0.1-1 us nanosleep) before a merger gives up on a writer's flag and traps:
-# tens of seconds, far beyond any real wait. A writer that never comes is a bug, and an error
-# from the launch is better than a hang.
-SPIN_LIMIT = 1 << 26
 
 
 def partial_words_per_thread(head_dim_v: int) -> int:

@@ -81,11 +81,10 @@ from fa4_kernels.dq_order import rotated_turn, rotation_start
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
-from fa4_kernels.ptx import barrier_sync_unaligned, fence_proxy_async_global, nanosleep, trap
+from fa4_kernels.ptx import SPIN_LIMIT, barrier_sync_unaligned, fence_proxy_async_global, nanosleep, trap
 from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
-from fa4_kernels.split_partials import SPIN_LIMIT
 from fa4_kernels.tile_scheduler import StaticPersistentScheduler
 
 NUM_CONSUMER_WG = 2
