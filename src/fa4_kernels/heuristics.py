@@ -52,6 +52,16 @@ class FwdConfig:
     # decides per call how many CTAs take part, fa4.heuristics.split_tail_ctas). Masked and
     # packed variable-length tiles differ in length and are scheduled dynamically instead.
     split_tail: bool = False
+    # The split tail's merger (split_partials.SplitPartials.merge) loads two writers' partial rows
+    # before folding either: one round of load latency for two (merge_pairs_fit says where).
+    merge_pairs: bool = False
+    # Launched with programmatic dependent launch (sm90/fwd.py: griddepcontrol.wait before any
+    # global access, then launch_dependents): the CTAs' launch and setup overlap the previous
+    # kernel's end. KV-cache variants, whose decoding calls take microseconds. Measured (H200, bf16
+    # hd128, 32/8 heads, one token, CUDA-graph us per call of back-to-back calls, two rounds, off ->
+    # on): 1x4k 14.0-15.1 -> 13.3-13.5, 8x4k 41.1-41.2 -> 39.8, 1x128k 130.3-130.7 -> 128.8-129.2,
+    # 1x32k 42.3 -> 42.0-42.4, 8x32k 244.8-245.0 -> 244.1-244.2. Not measured elsewhere (off).
+    pdl: bool = False
     # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
     # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
     # last rows never does). Pays where the warpgroups contend for the tensor cores or the MUFU,
@@ -211,7 +221,20 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
                   rebuild_schedule=key.head_dim_v == 192 and key.mask == "causal",
                   epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=key.mask != "local",
                   lse_bulk_store=key.mask == "local")
+    cfg = replace(cfg, merge_pairs=merge_pairs_fit(cfg, key), pdl=True)
     return place_buffers(cfg, key.head_dim, key.head_dim_v)
+
+
+def merge_pairs_fit(cfg: FwdConfig, key: VariantKey) -> bool:
+    """FwdConfig.merge_pairs: KV-cache split tails (decoding tiles have up to 15 writers each; the
+    dense forward's split tiles have a few, where the second load would mostly repeat the first
+    with weight 0) whose consumers have room for a second partial's row beside O. Measured
+    (H200, bf16 hd128 KV-cache decoding, 32/8 heads, one token, CUDA-graph us per call, two
+    rounds, one partial per step -> two): 1x4k 14.2-15.1 -> 14.3-14.7, 1x32k
+    43.4-43.5 -> 42.5-42.7, 1x128k 128.8-129.6 -> 128.8; the merger's fold (fa4.trace) 2.62 ->
+    2.47 us at 1x4k, 3.72 -> 3.33 us at 1x32k. Not above head_dim_v 128 (O is 96-128 registers)
+    nor on 192-row tiles (160-register consumers: hd128's softcap ones spilled 14 words)."""
+    return key.kv_cache and cfg.split_tail and key.head_dim_v <= 128 and cfg.tile_m <= 128
 
 
 def fwd_config(key: VariantKey) -> FwdConfig:
@@ -305,6 +328,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     if key.tiles == "long":
         # Its guessing consumers hold nothing of the static schedule across the K/V loop.
         cfg = replace(cfg, rebuild_schedule=cfg.speculative_max and cfg.split_tail)
+    cfg = replace(cfg, merge_pairs=merge_pairs_fit(cfg, key))
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg

@@ -4,8 +4,9 @@ A piece of a tile that misses the tile's block 0 ("writer") stores, per consumer
 unnormalised O accumulator, row maxima and thread-local row sums, then raises its warpgroup's
 flag. The piece holding block 0 ("merger") waits for the writers' flags and folds each partial
 into its own state exactly as the online softmax folds a K/V block in: rescale both sides to
-the larger row max and add. The merged state then goes through the usual finalize/epilogue.
-Rows that hold no query (most of a decoding tile) are neither stored nor loaded.
+the larger row max and add (the lanes of a warp whose rows hold no query help, see ``merge``).
+The merged state then goes through the usual finalize/epilogue. Rows that hold no query (most
+of a decoding tile) are neither stored nor loaded.
 
 Workspace layout (the ABI with csrc_shims/fa4_shim.c, fa4_split_workspace):
   semaphores (int32): word 0 the dynamic scheduler's tile counter; from FLAGS_BASE one flag per
@@ -40,6 +41,9 @@ class SplitPartials:
     num_threads: cutlass.Constexpr[int]  # consumer threads of a CTA
     num_wg: cutlass.Constexpr[int]  # consumer warpgroups (one flag each per slot)
     words: cutlass.Constexpr[int]  # partial_words_per_thread
+    # merge loads two partials' rows before folding either (one round of load latency for two):
+    # FwdConfig.merge_pairs, where the second's registers fit beside the O accumulator.
+    pairs: cutlass.Constexpr[bool] = False
 
     def word(self, slot: Int32, w: int, tidx: Int32):
         return (slot * self.words + w) * self.num_threads + tidx
@@ -88,22 +92,102 @@ class SplitPartials:
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
 
     @cute.jit
-    def merge(self, slot: Int32, tidx: Int32, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-              live: tuple, scale_log2: Float32):
-        """Merger, after ``wait``: fold ``slot``'s partial of this thread's ``live`` rows into
-        (acc_O, row_max, row_sum)."""
-        o = rows_cols_view(acc_O)
-        rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
-        for r in cutlass.range_constexpr(rows):
-            if live[r]:
-                other_max = self.partials[self.word(slot, rows * cols + r, tidx)]
-                other_sum = self.partials[self.word(slot, rows * cols + rows + r, tidx)]
-                new_max = cutlass.max(row_max[r], other_max)
-                # Both -inf (a row that saw no key in either piece): scale both by exp2(-inf) = 0.
-                safe_max = Float32(0.0) if new_max == -Float32.inf else new_max
-                mine = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
-                theirs = cute.math.exp2((other_max - safe_max) * scale_log2, fastmath=True)
-                row_max[r] = new_max
-                row_sum[r] = row_sum[r] * mine + other_sum * theirs
-                for c in cutlass.range_constexpr(cols):
-                    o[r, c] = o[r, c] * mine + self.partials[self.word(slot, r * cols + c, tidx)] * theirs
+    def merge(self, first_slot: Int32, count: Int32, tidx: Int32, acc_O: cute.Tensor, row_max: cute.Tensor,
+              row_sum: cute.Tensor, live_rows, scale_log2: Float32):
+        """Merger, after ``wait``: fold the partials in slots first_slot .. first_slot + count - 1
+        into this warpgroup's (acc_O, row_max, row_sum). ``live_rows(t)``: thread t's ``live``
+        flags (its rows that hold a query).
+
+        A warp's lanes with live rows fold with the help of its idle lanes. In a decoding tile only
+        the first quad of each warp holds a query (pack-GQA puts each head's one row at a warp's
+        top), and folding the 15 partials of a 16-way split one after another took 40% of the
+        kernel at 1 x 4k (docs/perf_notes.md). So the live lanes' span is found (``span``: the
+        smallest power of two of lanes, at least a quad, holding every live lane of the warp), each
+        of the warp's 32 / span groups of ``span`` lanes folds every (32 / span)-th partial for the
+        owner lanes of the first group, starting from an empty state, and the groups' states are
+        folded together by shuffles, halving the lanes at each step. With every lane live (most
+        split tiles outside decoding) there is one group: the serial fold."""
+        lane = tidx % 32
+        live = live_rows(tidx)
+        any_live = live[0]
+        for r in cutlass.range_constexpr(1, len(live)):
+            any_live = any_live or live[r]
+        live_lanes = cute.arch.vote_ballot_sync(any_live)
+        if live_lanes != 0:
+            span = Int32(32)
+            for lanes in (16, 8, 4):
+                if (live_lanes >> lanes) == 0:
+                    span = Int32(lanes)
+            groups = 32 // span
+            group = lane // span
+            owner = tidx - lane + lane % span
+            owner_live = live_rows(owner)
+            o = rows_cols_view(acc_O)
+            rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
+            if group != 0:  # a helper: its own rows hold no query; it starts empty
+                for r in cutlass.range_constexpr(rows):
+                    row_max[r] = -Float32.inf
+                    row_sum[r] = Float32(0.0)
+                    for c in cutlass.range_constexpr(cols):
+                        o[r, c] = Float32(0.0)
+            step = groups * (2 if const_expr(self.pairs) else 1)
+            i = group
+            while i < count:
+                slot = first_slot + i
+                # With pairs, the partial ``groups`` further on, folded in the same step; past the
+                # last one, this step's first slot again with weight 0 (a -inf max: its values are
+                # finite, so they add nothing).
+                second_valid = i + groups < count
+                second = first_slot + (i + groups if second_valid else i)
+                for r in cutlass.range_constexpr(rows):
+                    if owner_live[r]:
+                        first_max, first_sum, first_o = self.load_row(slot, r, owner, rows, cols)
+                        if const_expr(self.pairs):
+                            second_max, second_sum, second_o = self.load_row(second, r, owner, rows, cols)
+                        fold_row(o, row_max, row_sum, r, scale_log2, first_max, first_sum,
+                                 lambda c, first_o=first_o: first_o[c])
+                        if const_expr(self.pairs):
+                            fold_row(o, row_max, row_sum, r, scale_log2,
+                                     second_max if second_valid else -Float32.inf, second_sum,
+                                     lambda c, second_o=second_o: second_o[c])
+                i += step
+            offset = Int32(16)
+            while offset >= span:
+                for r in cutlass.range_constexpr(rows):
+                    # The shuffles need every lane: the branch is on the warp's vote.
+                    if cute.arch.vote_any_sync(owner_live[r]):
+                        theirs_o = cute.make_rmem_tensor(cols, Float32)
+                        for c in cutlass.range_constexpr(cols):
+                            theirs_o[c] = cute.arch.shuffle_sync_down(o[r, c], offset)
+                        fold_row(o, row_max, row_sum, r, scale_log2,
+                                 cute.arch.shuffle_sync_down(row_max[r], offset),
+                                 cute.arch.shuffle_sync_down(row_sum[r], offset),
+                                 lambda c, theirs_o=theirs_o: theirs_o[c])
+                offset = offset // 2
+
+    @cute.jit
+    def load_row(self, slot: Int32, r: cutlass.Constexpr[int], owner: Int32, rows: cutlass.Constexpr[int],
+                 cols: cutlass.Constexpr[int]):
+        """Row ``r`` of thread ``owner``'s partial in ``slot``: (max, thread-local sum, O columns)."""
+        o = cute.make_rmem_tensor(cols, Float32)
+        for c in cutlass.range_constexpr(cols):
+            o[c] = self.partials[self.word(slot, r * cols + c, owner)]
+        return (self.partials[self.word(slot, rows * cols + r, owner)],
+                self.partials[self.word(slot, rows * cols + rows + r, owner)], o)
+
+
+@cute.jit
+def fold_row(o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, r: cutlass.Constexpr[int],
+             scale_log2: Float32, other_max: Float32, other_sum: Float32, other_o):
+    """Fold another state's row ``r`` (its max, thread-local sum and O columns ``other_o(c)``)
+    into (o, row_max, row_sum) as the online softmax folds a K/V block in: rescale both sides
+    to the larger row max and add."""
+    new_max = cutlass.max(row_max[r], other_max)
+    # Both -inf (a row that saw no key in either state): scale both by exp2(-inf) = 0.
+    safe_max = Float32(0.0) if new_max == -Float32.inf else new_max
+    mine = cute.math.exp2((row_max[r] - safe_max) * scale_log2, fastmath=True)
+    theirs = cute.math.exp2((other_max - safe_max) * scale_log2, fastmath=True)
+    row_max[r] = new_max
+    row_sum[r] = row_sum[r] * mine + other_sum * theirs
+    for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+        o[r, c] = o[r, c] * mine + other_o(c) * theirs

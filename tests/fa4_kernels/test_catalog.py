@@ -227,6 +227,17 @@ def test_kv_cache_causal_tiles_split_statically():
             assert cfg.split_tail == (key.mask != "local") and cfg.lse_bulk_store == (key.mask == "local"), key.name
 
 
+def test_kv_cache_split_merges_in_pairs_and_launches_programmatically():
+    # A decoding tile's merger folds up to 15 writers' partials: two per step where a second row
+    # fits beside O (head_dim_v <= 128 on the 64-row tiles; heuristics.merge_pairs_fit). Only the
+    # KV-cache forwards launch with programmatic dependent launch (FwdConfig.pdl).
+    for key in forward_variants():
+        cfg = heuristics.fwd_config(key)
+        assert cfg.merge_pairs == (key.kv_cache and key.mask != "local" and key.head_dim_v <= 128), key.name
+        assert not cfg.merge_pairs or cfg.split_tail, key.name
+        assert cfg.pdl == key.kv_cache, key.name
+
+
 def test_early_q_release_only_for_the_short_tiles():
     # Measured +1.2% at hd64 1k on the short tiles and -0.8% at hd128 4k (docs/perf_notes.md).
     for key in forward_variants():

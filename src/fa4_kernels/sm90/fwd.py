@@ -101,6 +101,8 @@ class FlashAttentionForwardSm90:
         rescale_threshold: float = 0.0,
         o_in_v: bool = False,
         split_tail: bool = False,
+        merge_pairs: bool = False,
+        pdl: bool = False,
         skip_dead_blocks: bool = False,
         early_q_release: bool = False,
         lse_bulk_store: bool = False,
@@ -153,6 +155,8 @@ class FlashAttentionForwardSm90:
         # Equal tiles go out statically; the last round's tiles may then be split into pieces
         # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
         self.split_tail = split_tail
+        self.merge_pairs = merge_pairs  # split_partials.SplitPartials.pairs
+        self.pdl = pdl  # FwdConfig.pdl: launched with programmatic dependent launch
         assert not (split_tail and self.dynamic_schedule), "only the static schedule splits its tail"
         # O is staged in V's buffer when it does not fit beside Q, K and V (heuristics.
         # place_buffers; FlashAttention-3's choice): V is free once every consumer has done its
@@ -430,6 +434,7 @@ class FlashAttentionForwardSm90:
             block=[self.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=self.pdl,
         )
 
     # ---------------------------------------------------------------- device side
@@ -519,6 +524,13 @@ class FlashAttentionForwardSm90:
                 cute.arch.mbarrier_init(storage.mbar_O.data_ptr(), 1)  # the storing warp's lane 0
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if const_expr(self.pdl):
+            # Launched with programmatic dependent launch: the setup above ran while the previous
+            # kernel in the stream was still finishing; nothing in global memory is read or
+            # written before that kernel's grid has completed. The next kernel may launch now:
+            # its CTAs take SMs as ours exit.
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -554,7 +566,7 @@ class FlashAttentionForwardSm90:
             seqlen_k=self.kv_bound(mK, mPageTable, page_size) if const_expr(self.kv_cache) else None)
         scheduler = make_scheduler()
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
-                                 partial_words_per_thread(self.head_dim_v))
+                                 partial_words_per_thread(self.head_dim_v), self.merge_pairs)
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, seqlen_new)
         kv_cache = (mPageTable, page_size, mKCache, mVCache, mKNew, mVNew)
         sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
@@ -1053,14 +1065,13 @@ class FlashAttentionForwardSm90:
                     partials.store(cta, wg_idx, tidx, acc_O, softmax.row_max, softmax.row_sum, live, sync_id)
                 else:
                     if role == MERGER:
-                        live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
                         writers = split.writers(cta)
                         partials.wait(cta + 1, writers, wg_idx, tidx, sync_id)
                         if const_expr(self.trace):
                             tracer.mark(trace_slot, "partials_ready_lo")
-                        for i in cutlass.range(writers, unroll=1):
-                            partials.merge(cta + 1 + i, tidx, acc_O, softmax.row_max, softmax.row_sum, live,
-                                           softmax.scale_log2)
+                        partials.merge(cta + 1, writers, tidx, acc_O, softmax.row_max, softmax.row_sum,
+                                       lambda t: self.rows_in_sequence(tiled_mma_pv, t, rows, seq),
+                                       softmax.scale_log2)
                         if const_expr(self.trace):
                             tracer.mark(trace_slot, "merged_lo")
                         merged = softmax.row_totals()
