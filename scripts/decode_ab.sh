@@ -15,8 +15,9 @@ from fa4.testing import naive_attention, rel_error
 torch.manual_seed(0)
 worst = 0.0
 for batch, length, splits in [(2, 1, 0), (2, 17, 0), (3, 300, 7), (2, 2900, 0), (2, 2900, 200), (1, 40000, 0)]:
-    k = torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16)
+    capacity = -(-length // 16) * 16  # contiguous caches hold a multiple of 16 tokens
+    k = torch.randn(batch, capacity, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, capacity, 8, 128, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     lens = torch.randint(max(1, length // 2), length + 1, (batch,), dtype=torch.int32, device="cuda")
     out = fa4.attention_with_kvcache(q, k, v, lens, num_splits=splits)
