@@ -52,8 +52,10 @@ class FwdConfig:
     # decides per call how many CTAs take part, fa4.heuristics.split_tail_ctas). Masked and
     # packed variable-length tiles differ in length and are scheduled dynamically instead.
     split_tail: bool = False
-    # The split tail's merger (split_partials.SplitPartials.merge) loads two writers' partial rows
-    # before folding either: one round of load latency for two (merge_pairs_fit says where).
+    # The split tail's merger (split_partials.SplitPartials.merge) folds with the warps' idle lanes
+    # and a shuffle tree (merge_helpers_fit says where), and loads two writers' partial rows before
+    # folding either, one round of load latency for two (merge_pairs_fit).
+    merge_helpers: bool = False
     merge_pairs: bool = False
     # Launched with programmatic dependent launch (sm90/fwd.py: griddepcontrol.wait before any
     # global access, then launch_dependents): the CTAs' launch and setup overlap the previous
@@ -221,8 +223,18 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
                   rebuild_schedule=key.head_dim_v == 192 and key.mask == "causal",
                   epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=key.mask != "local",
                   lse_bulk_store=key.mask == "local")
-    cfg = replace(cfg, merge_pairs=merge_pairs_fit(cfg, key), pdl=True)
+    cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key), pdl=True)
     return place_buffers(cfg, key.head_dim, key.head_dim_v)
+
+
+def merge_helpers_fit(cfg: FwdConfig, key: VariantKey) -> bool:
+    """FwdConfig.merge_helpers: split tails up to head_dim_v 128. Measured (H200, bf16 hd128
+    KV-cache decoding, 32/8 heads, one token, CUDA-graph us per call, two rounds, serial fold ->
+    helpers): 1x4k 17.0-18.5 -> 14.0-15.1, 1x32k 50.2-50.9 -> 43.4-44.2, 1x128k 136.3-138.5 ->
+    128.8-131.9; the merger's fold (fa4.trace) 5.1 -> 2.6 us at 1x4k, 9.8 -> 3.7-4.3 us at 1x32k.
+    Above head_dim_v 128 the shuffle tree spilled one word (hd192x192's KV-cache tiles without a
+    mask, hd256's causal ones with softcap: read off their SASS), so they keep the serial fold."""
+    return cfg.split_tail and key.head_dim_v <= 128
 
 
 def merge_pairs_fit(cfg: FwdConfig, key: VariantKey) -> bool:
@@ -234,7 +246,7 @@ def merge_pairs_fit(cfg: FwdConfig, key: VariantKey) -> bool:
     43.4-43.5 -> 42.5-42.7, 1x128k 128.8-129.6 -> 128.8; the merger's fold (fa4.trace) 2.62 ->
     2.47 us at 1x4k, 3.72 -> 3.33 us at 1x32k. Not above head_dim_v 128 (O is 96-128 registers)
     nor on 192-row tiles (160-register consumers: hd128's softcap ones spilled 14 words)."""
-    return key.kv_cache and cfg.split_tail and key.head_dim_v <= 128 and cfg.tile_m <= 128
+    return key.kv_cache and merge_helpers_fit(cfg, key) and cfg.tile_m <= 128
 
 
 def fwd_config(key: VariantKey) -> FwdConfig:
@@ -272,6 +284,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
                         skip_dead_blocks=key.mask != "none", early_q_release=True,
                         lse_bulk_store=key.mask != "none")
         cfg = replace(cfg, speculative_max=speculative_max_pays(key))
+        cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key))
         return place_buffers(cfg, key.head_dim, key.head_dim_v)
     if key.tiles == "long":
         # hd128 on three consumer warpgroups (192-row tiles, as hd64; 160 registers each, so
@@ -328,7 +341,7 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     if key.tiles == "long":
         # Its guessing consumers hold nothing of the static schedule across the K/V loop.
         cfg = replace(cfg, rebuild_schedule=cfg.speculative_max and cfg.split_tail)
-    cfg = replace(cfg, merge_pairs=merge_pairs_fit(cfg, key))
+    cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key))
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.pv_wait in PV_WAITS
     return cfg

@@ -4,7 +4,7 @@ A piece of a tile that misses the tile's block 0 ("writer") stores, per consumer
 unnormalised O accumulator, row maxima and thread-local row sums, then raises its warpgroup's
 flag. The piece holding block 0 ("merger") waits for the writers' flags and folds each partial
 into its own state exactly as the online softmax folds a K/V block in: rescale both sides to
-the larger row max and add (the lanes of a warp whose rows hold no query help, see ``merge``).
+the larger row max and add (the lanes of a warp whose rows hold no query may help, see ``merge``).
 The merged state then goes through the usual finalize/epilogue. Rows that hold no query (most
 of a decoding tile) are neither stored nor loaded.
 
@@ -41,8 +41,9 @@ class SplitPartials:
     num_threads: cutlass.Constexpr[int]  # consumer threads of a CTA
     num_wg: cutlass.Constexpr[int]  # consumer warpgroups (one flag each per slot)
     words: cutlass.Constexpr[int]  # partial_words_per_thread
-    # merge loads two partials' rows before folding either (one round of load latency for two):
-    # FwdConfig.merge_pairs, where the second's registers fit beside the O accumulator.
+    # merge folds with the warps' idle lanes (FwdConfig.merge_helpers), and, with pairs, loads two
+    # partials' rows before folding either (FwdConfig.merge_pairs).
+    helpers: cutlass.Constexpr[bool] = False
     pairs: cutlass.Constexpr[bool] = False
 
     def word(self, slot: Int32, w: int, tidx: Int32):
@@ -98,15 +99,30 @@ class SplitPartials:
         into this warpgroup's (acc_O, row_max, row_sum). ``live_rows(t)``: thread t's ``live``
         flags (its rows that hold a query).
 
-        A warp's lanes with live rows fold with the help of its idle lanes. In a decoding tile only
-        the first quad of each warp holds a query (pack-GQA puts each head's one row at a warp's
-        top), and folding the 15 partials of a 16-way split one after another took 40% of the
-        kernel at 1 x 4k (docs/perf_notes.md). So the live lanes' span is found (``span``: the
-        smallest power of two of lanes, at least a quad, holding every live lane of the warp), each
-        of the warp's 32 / span groups of ``span`` lanes folds every (32 / span)-th partial for the
-        owner lanes of the first group, starting from an empty state, and the groups' states are
-        folded together by shuffles, halving the lanes at each step. With every lane live (most
-        split tiles outside decoding) there is one group: the serial fold."""
+        With ``helpers``, a warp's lanes with live rows fold with the help of its idle lanes. In a
+        decoding tile only the first quad of each warp holds a query (pack-GQA puts each head's one
+        row at a warp's top), and folding the 15 partials of a 16-way split one after another took
+        40% of the kernel at 1 x 4k (docs/perf_notes.md). So the live lanes' span is found
+        (``span``: the smallest power of two of lanes, at least a quad, holding every live lane of
+        the warp), each of the warp's 32 / span groups of ``span`` lanes folds every (32 / span)-th
+        partial for the owner lanes of the first group, starting from an empty state, and the
+        groups' states are folded together by shuffles, halving the lanes at each step. With every
+        lane live (most split tiles outside decoding) there is one group: the serial fold."""
+        o = rows_cols_view(acc_O)
+        if const_expr(not self.helpers):
+            live = live_rows(tidx)
+            for i in cutlass.range(count, unroll=1):
+                for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+                    if live[r]:
+                        self.fold_partial(first_slot + i, r, tidx, o, row_max, row_sum, scale_log2)
+        else:
+            self.merge_with_helpers(first_slot, count, tidx, o, row_max, row_sum, live_rows, scale_log2)
+
+    @cute.jit
+    def merge_with_helpers(self, first_slot: Int32, count: Int32, tidx: Int32, o: cute.Tensor,
+                           row_max: cute.Tensor, row_sum: cute.Tensor, live_rows, scale_log2: Float32):
+        """``merge`` with the warp's idle lanes helping (see there); ``o``: acc_O's (row, column) view."""
+        rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
         lane = tidx % 32
         live = live_rows(tidx)
         any_live = live[0]
@@ -122,8 +138,6 @@ class SplitPartials:
             group = lane // span
             owner = tidx - lane + lane % span
             owner_live = live_rows(owner)
-            o = rows_cols_view(acc_O)
-            rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
             if group != 0:  # a helper: its own rows hold no query; it starts empty
                 for r in cutlass.range_constexpr(rows):
                     row_max[r] = -Float32.inf
@@ -141,29 +155,40 @@ class SplitPartials:
                 second = first_slot + (i + groups if second_valid else i)
                 for r in cutlass.range_constexpr(rows):
                     if owner_live[r]:
-                        first_max, first_sum, first_o = self.load_row(slot, r, owner, rows, cols)
                         if const_expr(self.pairs):
+                            first_max, first_sum, first_o = self.load_row(slot, r, owner, rows, cols)
                             second_max, second_sum, second_o = self.load_row(second, r, owner, rows, cols)
-                        fold_row(o, row_max, row_sum, r, scale_log2, first_max, first_sum,
-                                 lambda c, first_o=first_o: first_o[c])
-                        if const_expr(self.pairs):
+                            fold_row(o, row_max, row_sum, r, scale_log2, first_max, first_sum,
+                                     lambda c, first_o=first_o: first_o[c])
                             fold_row(o, row_max, row_sum, r, scale_log2,
                                      second_max if second_valid else -Float32.inf, second_sum,
                                      lambda c, second_o=second_o: second_o[c])
+                        else:
+                            self.fold_partial(slot, r, owner, o, row_max, row_sum, scale_log2)
                 i += step
             offset = Int32(16)
             while offset >= span:
                 for r in cutlass.range_constexpr(rows):
-                    # The shuffles need every lane: the branch is on the warp's vote.
+                    # The shuffles need every lane: the branch is on the warp's vote. Each column
+                    # is shuffled where the fold reads it, before it is updated (a row's columns
+                    # staged in registers first spilled hd256's KV-cache tiles).
                     if cute.arch.vote_any_sync(owner_live[r]):
-                        theirs_o = cute.make_rmem_tensor(cols, Float32)
-                        for c in cutlass.range_constexpr(cols):
-                            theirs_o[c] = cute.arch.shuffle_sync_down(o[r, c], offset)
                         fold_row(o, row_max, row_sum, r, scale_log2,
                                  cute.arch.shuffle_sync_down(row_max[r], offset),
                                  cute.arch.shuffle_sync_down(row_sum[r], offset),
-                                 lambda c, theirs_o=theirs_o: theirs_o[c])
+                                 lambda c, r=r: cute.arch.shuffle_sync_down(o[r, c], offset))
                 offset = offset // 2
+
+    @cute.jit
+    def fold_partial(self, slot: Int32, r: cutlass.Constexpr[int], owner: Int32, o: cute.Tensor,
+                     row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32):
+        """Fold row ``r`` of thread ``owner``'s partial in ``slot`` into (o, row_max, row_sum),
+        its words loaded where the fold reads them."""
+        rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
+        fold_row(o, row_max, row_sum, r, scale_log2,
+                 self.partials[self.word(slot, rows * cols + r, owner)],
+                 self.partials[self.word(slot, rows * cols + rows + r, owner)],
+                 lambda c: self.partials[self.word(slot, r * cols + c, owner)])
 
     @cute.jit
     def load_row(self, slot: Int32, r: cutlass.Constexpr[int], owner: Int32, rows: cutlass.Constexpr[int],

@@ -227,14 +227,16 @@ def test_kv_cache_causal_tiles_split_statically():
             assert cfg.split_tail == (key.mask != "local") and cfg.lse_bulk_store == (key.mask == "local"), key.name
 
 
-def test_kv_cache_split_merges_in_pairs_and_launches_programmatically():
-    # A decoding tile's merger folds up to 15 writers' partials: two per step where a second row
-    # fits beside O (head_dim_v <= 128 on the 64-row tiles; heuristics.merge_pairs_fit). Only the
-    # KV-cache forwards launch with programmatic dependent launch (FwdConfig.pdl).
+def test_split_merges_with_helpers_in_pairs_and_kv_cache_launches_programmatically():
+    # A decoding tile's merger folds up to 15 writers' partials: with the warps' idle lanes up to
+    # head_dim_v 128 (the shuffle tree spilled above it; heuristics.merge_helpers_fit), two per step
+    # where a second row fits beside O too (the 64-row KV-cache tiles; heuristics.merge_pairs_fit).
+    # Only the KV-cache forwards launch with programmatic dependent launch (FwdConfig.pdl).
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
+        assert cfg.merge_helpers == (cfg.split_tail and key.head_dim_v <= 128), key.name
         assert cfg.merge_pairs == (key.kv_cache and key.mask != "local" and key.head_dim_v <= 128), key.name
-        assert not cfg.merge_pairs or cfg.split_tail, key.name
+        assert not cfg.merge_pairs or cfg.merge_helpers, key.name
         assert cfg.pdl == key.kv_cache, key.name
 
 

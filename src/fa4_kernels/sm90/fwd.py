@@ -101,6 +101,7 @@ class FlashAttentionForwardSm90:
         rescale_threshold: float = 0.0,
         o_in_v: bool = False,
         split_tail: bool = False,
+        merge_helpers: bool = False,
         merge_pairs: bool = False,
         pdl: bool = False,
         skip_dead_blocks: bool = False,
@@ -155,6 +156,7 @@ class FlashAttentionForwardSm90:
         # Equal tiles go out statically; the last round's tiles may then be split into pieces
         # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
         self.split_tail = split_tail
+        self.merge_helpers = merge_helpers  # split_partials.SplitPartials.helpers
         self.merge_pairs = merge_pairs  # split_partials.SplitPartials.pairs
         self.pdl = pdl  # FwdConfig.pdl: launched with programmatic dependent launch
         assert not (split_tail and self.dynamic_schedule), "only the static schedule splits its tail"
@@ -566,7 +568,7 @@ class FlashAttentionForwardSm90:
             seqlen_k=self.kv_bound(mK, mPageTable, page_size) if const_expr(self.kv_cache) else None)
         scheduler = make_scheduler()
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
-                                 partial_words_per_thread(self.head_dim_v), self.merge_pairs)
+                                 partial_words_per_thread(self.head_dim_v), self.merge_helpers, self.merge_pairs)
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, seqlen_new)
         kv_cache = (mPageTable, page_size, mKCache, mVCache, mKNew, mVNew)
         sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
