@@ -190,6 +190,7 @@ def _compile_fwd(key: catalog.VariantKey):
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile, bias_waves=cfg.bias_waves,
+        bias_uniform_tiles=cfg.bias_uniform_tiles,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
         exp2_fma=cfg.exp2_fma, stamps=env_settings()["diag_stamps"], trace=key.trace,
     )
@@ -260,7 +261,8 @@ def _compile_bwd(key: catalog.VariantKey):
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod,
-        grad_address_per_tile=cfg.grad_address_per_tile, bias_waves=cfg.bias_waves, launch_group=cfg.launch_group,
+        grad_address_per_tile=cfg.grad_address_per_tile, grad_window=cfg.grad_window, bias_waves=cfg.bias_waves,
+        launch_group=cfg.launch_group,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)

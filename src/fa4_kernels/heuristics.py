@@ -14,6 +14,7 @@ SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H
 # Beyond the tiles: the mbarriers before the first (1024-byte aligned) tile buffer and the
 # tile hand-off slots after the last.
 SMEM_RESERVED = 2048
+BWD_CONSUMER_WARPS = 8  # the backward's two consumer warpgroups (sm90/bwd.py)
 PV_WAITS = ("row_max", "first_exps", "softmax")
 # Powers of two a row max may rise by before O is rescaled: probabilities stay <= 256.
 RESCALE_THRESHOLD = 8.0
@@ -126,6 +127,12 @@ class FwdConfig:
     # (score_mod.ScoreBias.add), instead of all at once under the score GEMM (0): beside hd192/256's
     # O accumulator the early loads spilled (hd256: 22 words with 64-key blocks).
     bias_waves: int = 0
+    # Relative-bias score_mods: a tile whose distances all clamp to one end of the table adds that
+    # one entry, folded into the softmax's row offsets (score_mod.ScoreBias._clamped_end), instead
+    # of a load and an add per diagonal. Measured (H100, bf16 hd128, 16k tokens, 16 heads, causal
+    # BlockMask, a +-256 table, forward TFLOP/s, two rounds): 482-501 -> 682-690 (fa4's causal
+    # kernel 797). Not at head_dim 256, which it spilled (one word).
+    bias_uniform_tiles: bool = False
     # Of every 8 probabilities, how many the softmax computes on the FMA pipe instead of MUFU
     # (exp2_fma.py; FA4_EXP2_FMA overrides it at build time). 0 everywhere: every share measured
     # slower (H100, bf16 16k tokens, same call, TFLOP/s at 1k/4k/16k, share 0 -> 1/8 -> 1/4 -> 1/2
@@ -197,7 +204,8 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD, speculative_max=True, pv_wait="first_exps")
     elif key.head_dim_v > 64:
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)
-    cfg = replace(cfg, lse_bulk_store=True, epilogue_addresses_per_tile=key.head_dim_v <= 128, bias_waves=bias_waves)
+    cfg = replace(cfg, lse_bulk_store=True, epilogue_addresses_per_tile=key.head_dim_v <= 128, bias_waves=bias_waves,
+                  bias_uniform_tiles=key.score_mod == "relbias" and key.head_dim_v < 256)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     assert cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0
     return cfg
@@ -368,6 +376,9 @@ class BwdConfig:
     # (ptx.loop_bound_zero) rather than held across the loop. Measured per head dim: hd128 spilled
     # 3 registers without it, hd96 6 with it (score_mod.ScoreBias.accumulate_grad).
     grad_address_per_tile: bool = False
+    # Relative-bias score_mods: floats of shared memory per consumer warp in which a tile's
+    # diagonal sums meet before their L2 reductions (score_mod.ScoreBias.grad_window); 0 elsewhere.
+    grad_window: int = 0
     # Score_mods whose entries are loaded ("keys" layout): read where they are added, in this many
     # waves (score_mod.ScoreBias.add), each after the one before has landed.
     bias_waves: int = 4
@@ -390,7 +401,8 @@ class BwdConfig:
         # "stage" puts dQ in the finished Q/dO stages.
         dq = self.tile_m * head_dim * 4 if self.dq_store == "tma" else 0
         stats = 2 * self.num_stages * self.tile_m * 4
-        return q_do + kv + scores + dq + stats + SMEM_RESERVED
+        grad_windows = BWD_CONSUMER_WARPS * self.grad_window * 4
+        return q_do + kv + scores + dq + stats + grad_windows + SMEM_RESERVED
 
 
 def bwd_config(key: VariantKey) -> BwdConfig:
@@ -431,6 +443,13 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         raise ValueError(f"no backward kernel for head_dim {key.head_dim}")
     if key.score_mod == "relbias" and key.head_dim == 128:
         cfg = replace(cfg, grad_address_per_tile=True)
+    if key.score_mod == "relbias":
+        # A warp's 16 keys against tile_m queries span 15 + tile_m distances (its S^T fragment),
+        # padded to a multiple of 32. Measured (H100, bf16 hd128, 16 heads, 16k tokens causal,
+        # backward kernel ms, one L2 reduction per diagonal and thread -> the windows): a +-256
+        # table 5.90 -> 4.90 (4.49 without the table's gradient), +-16 4.88 -> 4.76, +-2048 8.50 ->
+        # 6.90 (4.76); fwd+bwd at +-256 394 -> 522 TFLOP/s (fa4's causal kernel 617).
+        cfg = replace(cfg, grad_window=-(-(15 + cfg.tile_m) // 32) * 32)
     if key.score_mod in catalog.TENSOR_SCORE_MODS and cfg.layout == "keys":
         # A bias tensor's entries in as few waves as fit: one wave spilled hd128 (78 words), two do
         # not; hd64 and hd96 take one (each wave waits for its loads to land).

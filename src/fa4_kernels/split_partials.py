@@ -151,8 +151,9 @@ class SplitPartials:
                 # With pairs, the partial ``groups`` further on, folded in the same step; past the
                 # last one, this step's first slot again with weight 0 (a -inf max: its values are
                 # finite, so they add nothing).
-                second_valid = i + groups < count
-                second = first_slot + (i + groups if second_valid else i)
+                if const_expr(self.pairs):
+                    second_valid = i + groups < count
+                    second = first_slot + (i + groups if second_valid else i)
                 for r in cutlass.range_constexpr(rows):
                     if owner_live[r]:
                         if const_expr(self.pairs):

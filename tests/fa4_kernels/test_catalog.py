@@ -143,6 +143,10 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
             assert cfg.tile_n == plain.tile_n and cfg.bias_waves == 4, key.name
     assert all(heuristics.fwd_config(k).bias_waves == 0 for k in forward_variants()
                if k.score_mod not in catalog.TENSOR_SCORE_MODS)
+    # A relative bias's one-entry tiles (score_mod._clamped_end) in the forward: every head dim but
+    # 256 (which it spilled); no other kind.
+    assert {(k.score_mod, k.head_dim) for k in forward_variants() if heuristics.fwd_config(k).bias_uniform_tiles} \
+        == {("relbias", d) for d, _ in catalog.HEAD_DIMS if d < 256}
     sparse_bwd = [v for v in catalog.all_variants() if v.kernel == "bwd" and v.mask == catalog.SPARSE_MASK]
     assert len(sparse_bwd) == len(sparse)
     for key in sparse_bwd:
@@ -158,7 +162,11 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
         # A bias tensor's entries in the fewest waves that do not spill ("keys" layout).
         waves = {64: 1, 96: 1, 128: 2}.get(key.head_dim, 4) if key.score_mod in catalog.TENSOR_SCORE_MODS else 4
         assert cfg.bias_waves == waves, key.name
-        assert dataclasses.replace(cfg, grad_address_per_tile=False, bias_waves=4) == dense, key.name
+        # A relative bias's diagonal sums meet in a shared window per warp: its 16 keys' distances
+        # to tile_m queries, padded to 32 floats, within the shared-memory budget.
+        assert cfg.grad_window == ((15 + cfg.tile_m + 31) // 32 * 32 if key.score_mod == "relbias" else 0), key.name
+        assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
+        assert dataclasses.replace(cfg, grad_address_per_tile=False, bias_waves=4, grad_window=0) == dense, key.name
 
 
 def test_dead_blocks_are_skipped_where_warpgroups_contend():

@@ -130,6 +130,7 @@ class FlashAttentionBackwardSm90:
         block_sparse: bool = False,
         score_mod: str = "none",
         grad_address_per_tile: bool = False,
+        grad_window: int = 0,
         bias_waves: int = 4,
         launch_group: int = 0,
     ):
@@ -163,6 +164,8 @@ class FlashAttentionBackwardSm90:
         self.score_mod = score_mod
         assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
         self.grad_address_per_tile = grad_address_per_tile  # heuristics.BwdConfig
+        self.grad_window = grad_window  # heuristics.BwdConfig: floats per consumer warp
+        assert (grad_window > 0) == (score_mod == "relbias"), "relbias's gradient sums in shared windows"
         self.bias_waves = bias_waves  # heuristics.BwdConfig
         # Causal: the CTAs' launch order in groups of this many (batch, head) pairs (heuristics.BwdConfig).
         assert launch_group == 0 or (is_causal and not is_varlen)
@@ -337,6 +340,7 @@ class FlashAttentionBackwardSm90:
         self.tx_bytes_KV = cute.size_in_bytes(self.dtype, sK_layout) + cute.size_in_bytes(self.dtype, sV_layout)
         p_elems = self.p_buffer_elems()
         dq_elems = self.dq_buffer_elems(sdQ_layout)
+        grad_window_elems = max(1, self.num_mma_threads // cute.arch.WARP_SIZE * self.grad_window)
 
         @cute.struct
         class SharedStorage:
@@ -352,6 +356,7 @@ class FlashAttentionBackwardSm90:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
+            sGradWindows: cute.struct.Align[cute.struct.MemRange[Float32, grad_window_elems], 16]
 
         if const_expr(self.has_softcap):
             # Scores s become softcap * tanh(s * scale / softcap); the exponent then needs only
@@ -549,13 +554,15 @@ class FlashAttentionBackwardSm90:
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
+                grad_window = self.consumer_grad_window(storage, tidx)
                 consume = self.consume_roles if const_expr(self.layout == "keys_roles") else self.consume
                 consume(
                     mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV,
                     sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sdPsum,
                     pipeline_kv, pipeline_q, pipeline_do, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
                     tidx, scale_log2, score_scale, softcap, softmax_scale, block_info, seq, n_block, head_kv,
-                    batch_idx, group, m_block_min, m_block_max, start, sparse_tables, (mScoreParams, mScoreGrad),
+                    batch_idx, group, m_block_min, m_block_max, start, sparse_tables,
+                    (mScoreParams, mScoreGrad, grad_window),
                 )
 
     @cute.jit
@@ -980,6 +987,7 @@ class FlashAttentionBackwardSm90:
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
             bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale, batch_idx)
+            ends = self.grad_ends(bias)
             for i in cutlass.range(first, end, unroll=1):
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 stage = state.index
@@ -989,11 +997,15 @@ class FlashAttentionBackwardSm90:
                 acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrA, tSrB, stage)
                 pipeline_do.consumer_wait(state)
                 acc_dP = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tdPrA, tdPrB, stage)
+                # A score_mod's loads are made in waves where they are added (ScoreBias.add): held
+                # all at once beside both accumulators, they spilled hd64's 128-query blocks. Only
+                # a relative bias's one-entry tiles are read here, under the GEMMs.
+                uniform = None
+                if const_expr(bias is not None):
+                    uniform = bias.load_uniform(thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m)
                 # (2) P = exp2(S * scale_log2 - LSE_log2), masked, (3) dS = P * (dP - dPsum).
                 # Without softcap the probabilities are computed while dP's GEMM runs.
                 warpgroup.wait_group(0 if const_expr(self.has_softcap) else 1)
-                # A score_mod's loads are made in waves where they are added (ScoreBias.add): held
-                # all at once beside both accumulators, they spilled hd64's 128-query blocks.
                 loaded = None
                 if const_expr(self.has_softcap):
                     self.probs_and_grads_softcap(acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage,
@@ -1001,7 +1013,7 @@ class FlashAttentionBackwardSm90:
                                                  softcap, bits)
                 else:
                     self.probabilities(acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                                       m_left_start, scale_log2, bits, bias, loaded)
+                                       m_left_start, scale_log2, bits, bias, loaded, uniform)
                     acc_S_l = self.stats_lines(acc_S)
                     warpgroup.wait_group(0)
                     acc_dP_l = self.stats_lines(acc_dP)
@@ -1014,7 +1026,7 @@ class FlashAttentionBackwardSm90:
                 after_p = None
                 if const_expr(bias is not None):
                     after_p = lambda: self.score_grad(bias, acc_dP, thr_mma_sdp, n_block, m_block,  # noqa: E731
-                                                      score_tensors)
+                                                      score_tensors, ends)
                 self.dk_dv_keys(acc_S, acc_dP, acc_dK, acc_dV, tdVrA, tdVrB, tdKrA, tdKrB, smem_copy_scores,
                                 tdSsdS, tdQrdS, tdQrKt, wg_mma_dq, tiled_mma_dq, tiled_mma_dk, tiled_mma_dv,
                                 wg_idx, dq_part, stage, accumulate, pipeline_do, state, softmax_scale, sdQ,
@@ -1022,6 +1034,7 @@ class FlashAttentionBackwardSm90:
                 pipeline_q.consumer_release(state)
                 state.advance()
                 accumulate = Int32(1)
+            self.flush_score_grad(bias, ends, score_tensors)
         self.epilogue_dkv(acc_dK, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                           tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
@@ -1164,6 +1177,7 @@ class FlashAttentionBackwardSm90:
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head_kv * group + g, n_block,
                                                   m_block_min, m_block_max)
             bias = self.score_bias(score_tensors, head_kv * group + g, softmax_scale, batch_idx)
+            ends = self.grad_ends(bias)
             for i in cutlass.range(first, end, unroll=1):
                 stage = state.index
                 pipeline_do.consumer_wait(state)
@@ -1178,7 +1192,7 @@ class FlashAttentionBackwardSm90:
                     for r in cutlass.range_constexpr(cute.size(acc_dP_l, mode=[0])):
                         acc_dP_l[r, c] = rP_l[r, c] * (acc_dP_l[r, c] - dpsum)
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
-                self.score_grad(bias, acc_dP, thr_mma_sdp, n_block, m_block, score_tensors)
+                self.score_grad(bias, acc_dP, thr_mma_sdp, n_block, m_block, score_tensors, ends)
                 if const_expr(self.dq_store != "stage"):
                     pipeline_do.consumer_release(state)  # dO (dP^T) and its dPsum read
                 store_as_operand_a(acc_dP, tdKrdS)
@@ -1192,6 +1206,7 @@ class FlashAttentionBackwardSm90:
                              tidx)
                 state.advance()
                 accumulate = Int32(1)
+            self.flush_score_grad(bias, ends, score_tensors)
         return acc_dK
 
     @cute.jit
@@ -1223,12 +1238,13 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def probabilities(self, acc_S, mask, thr_mma_sdp, tScS, sLSE, stage, m_block, n_block, m_masked_end,
-                      m_left_start, scale_log2, bits=None, bias=None, loaded=None):
+                      m_left_start, scale_log2, bits=None, bias=None, loaded=None, uniform=None):
         """P = exp2(S * scale_log2 - LSE_log2) in place, masked (no softcap), the score_mod's
-        ``bias`` (score_mod.ScoreBias; ``loaded``: its score_loads) added first."""
+        ``bias`` (score_mod.ScoreBias; ``loaded``: its score_loads, or in the "keys" layout
+        ``uniform``: its load_uniform) added first."""
         if const_expr(bias is not None):
             if const_expr(loaded is None and self.layout == "keys"):
-                bias.add(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, self.bias_waves)
+                bias.add(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, self.bias_waves, uniform)
             else:
                 bias.apply(acc_S, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, loaded)
         self.apply_mask(acc_S, mask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start, bits)
@@ -1330,15 +1346,46 @@ class FlashAttentionBackwardSm90:
         return bias.load(thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m)
 
     @cute.jit
-    def score_grad(self, bias, acc_dS, thr_mma_sdp, n_block, m_block, score_tensors):
+    def score_grad(self, bias, acc_dS, thr_mma_sdp, n_block, m_block, score_tensors, ends):
         """dS of a tile into the score_mod parameters' gradient, where the host asks for it (a
-        gradient tensor with rows; (0, width) otherwise)."""
+        gradient tensor with rows; (0, width) otherwise); ``ends``: grad_ends'."""
         if const_expr(bias is not None):
-            enabled = Int32(0)
-            if cute.size(score_tensors[1].shape[0]) > 0:
-                enabled = Int32(1)
             bias.accumulate_grad(acc_dS, thr_mma_sdp, n_block * self.tile_n, m_block * self.tile_m, score_tensors[1],
-                                 enabled, self.grad_address_per_tile)
+                                 self.grad_enabled(score_tensors), self.grad_address_per_tile, ends, score_tensors[2])
+
+    @cute.jit
+    def consumer_grad_window(self, storage, tidx: Int32):
+        """This consumer warp's shared window for a relative bias's gradient (grad_window floats,
+        zeroed here; score_mod.ScoreBias._diagonal_grad), or None."""
+        if const_expr(self.grad_window == 0):
+            return None
+        windows = storage.sGradWindows.get_tensor(
+            cute.make_layout((self.grad_window, self.num_mma_threads // cute.arch.WARP_SIZE)))
+        window = windows[None, tidx // cute.arch.WARP_SIZE]
+        for j in cutlass.range_constexpr(self.grad_window // cute.arch.WARP_SIZE):
+            window[cute.arch.lane_idx() + j * cute.arch.WARP_SIZE] = Float32(0.0)
+        cute.arch.sync_warp()
+        return window
+
+    def grad_ends(self, bias):
+        """The sums a score_mod's gradient carries over a head's query blocks (ScoreBias.grad_ends),
+        or None."""
+        return None if const_expr(bias is None) else bias.grad_ends()
+
+    @cute.jit
+    def flush_score_grad(self, bias, ends, score_tensors):
+        """After a head's query blocks: grad_ends' sums into the parameters' gradient."""
+        if const_expr(bias is not None):
+            bias.flush_grad(ends, score_tensors[1], self.grad_enabled(score_tensors))
+
+    @cute.jit
+    def grad_enabled(self, score_tensors) -> Int32:
+        """1 where the host asks for the score_mod parameters' gradient (a gradient tensor with
+        rows; (0, width) otherwise)."""
+        enabled = Int32(0)
+        if cute.size(score_tensors[1].shape[0]) > 0:
+            enabled = Int32(1)
+        return enabled
 
     @cute.jit
     def sparse_bits(self, mask: AttentionMask, sparse_tables, sparse, i, thr_mma_sdp):

@@ -111,6 +111,7 @@ class FlashAttentionForwardSm90:
         rebuild_schedule: bool = False,
         epilogue_addresses_per_tile: bool = False,
         bias_waves: int = 0,
+        bias_uniform_tiles: bool = False,
         block_sparse: bool = False,
         score_mod: str = "none",
         kv_cache: bool = False,
@@ -194,6 +195,7 @@ class FlashAttentionForwardSm90:
         # A bias tensor's entries read where they are added, in this many waves, not under the
         # score GEMM (heuristics.FwdConfig.bias_waves).
         self.bias_waves = bias_waves
+        self.bias_uniform_tiles = bias_uniform_tiles  # heuristics.FwdConfig
         assert bias_waves == 0 or score_mod in TENSOR_KINDS
         # Of every 8 probabilities, how many are computed on the FMA pipe (exp2_fma.py).
         assert 0 <= exp2_fma <= 8
@@ -879,7 +881,7 @@ class FlashAttentionForwardSm90:
                 # (the K/V block's first key, read at the step's start), then (its loads, issued
                 # under the score GEMM) -> the function adding it to the scores.
                 bias = ScoreBias.create(self.score_mod, self.tile_m, self.tile_n, False, mScoreParams, head_idx,
-                                        Float32(LOG2_E) / softmax.scale_log2, batch_idx)
+                                        Float32(LOG2_E) / softmax.scale_log2, batch_idx, self.bias_uniform_tiles)
                 n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
                 if const_expr(self.score_mod == "alibi"):  # its row part goes to the softmax
                     adder = lambda first_key, loaded: (  # noqa: E731
@@ -889,7 +891,7 @@ class FlashAttentionForwardSm90:
                         lambda acc: bias.add(acc, thr_mma_qk, rows.first_row, first_key, self.bias_waves))
                 else:
                     adder = lambda first_key, loaded: (  # noqa: E731
-                        lambda acc: bias.apply(acc, thr_mma_qk, rows.first_row, first_key, loaded))
+                        lambda acc: bias.apply(acc, thr_mma_qk, rows.first_row, first_key, loaded, row_offsets=True))
                 bias_at = (
                     lambda n_block: sparse.n_block(n_block_max - 1 - n_block, n_blocks) * self.tile_n,  # noqa: E731
                     lambda first_key: (  # noqa: E731
