@@ -7,10 +7,15 @@ hd64 (128-query backward blocks) and hd256 (64-key tiles, O in V's buffer; backw
 layout, dQ through the stages), softcap; the in-kernel score_mods (alibi, a relative-bias table
 shorter than the sequences, bias tensors (fp32 and bf16) broadcast over batch, heads or queries,
 whose edge tiles read clamped entries and reduce only inside the sequences), their parameters'
-gradient included.
+gradient included (a relative bias's tiles clamped whole to one end of its table, and its shared
+windows per warp).
 
-    compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_block_sparse.py [score_mods]
+
+(``score_mods``: only the runs with an in-kernel score_mod.)
 """
+import sys
+
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
@@ -21,7 +26,12 @@ torch.manual_seed(0)
 dev = "cuda"
 
 
+ONLY_SCORE_MODS = sys.argv[1:] == ["score_mods"]
+
+
 def run(sq, sk, hq, hk, d, block, score_mod=None, batch=2, train=True):
+    if ONLY_SCORE_MODS and (score_mod is None or isinstance(score_mod, score_mods.Softcap)):
+        return
     cells = (-(-sq // 64) + 1, -(-sk // 64) + 1)
     keep, partial = torch.rand(cells, device=dev) < 0.5, torch.rand(cells, device=dev) < 0.5
     keep[0] = False
@@ -43,8 +53,8 @@ def alibi(heads):
     return score_mods.alibi(torch.linspace(0.05, 0.5, heads, device=dev).requires_grad_())
 
 
-def relative_bias(heads, center):
-    return score_mods.relative_bias(torch.randn(heads, 2 * center + 1, device=dev).requires_grad_())
+def relative_bias(heads, center, learned=True):
+    return score_mods.relative_bias(torch.randn(heads, 2 * center + 1, device=dev).requires_grad_(learned))
 
 
 run(1000, 777, 8, 2, 128, 128)
@@ -57,6 +67,10 @@ run(1500, 600, 16, 16, 256, 64, batch=1)
 run(1000, 777, 8, 2, 128, 128, alibi(8))
 run(700, 1100, 4, 4, 64, 128, relative_bias(4, 100))
 run(500, 900, 4, 2, 256, 128, relative_bias(4, 2000))
+# Tiles clamped whole to either end of a short table and tiles across it (the backward's shared
+# windows per warp), GQA (a CTA flushes each query head's sums), a frozen table.
+run(1000, 1500, 8, 2, 128, 128, relative_bias(8, 64))
+run(900, 700, 4, 4, 192, 128, relative_bias(4, 30, learned=False))
 run(600, 500, 4, 4, 192, 64, alibi(4))
 run(1000, 777, 8, 2, 128, 128, score_mods.bias(torch.randn(1000, 777, device=dev).requires_grad_()))
 run(700, 1100, 4, 4, 64, 128, score_mods.bias(torch.randn(2, 1, 1, 1100, device=dev).requires_grad_()))
