@@ -10,33 +10,44 @@ extern "C" {
 
 #define FA4_MAX_VARIANTS 1024
 
-typedef int32_t (*fa4_init_fn)(void);
-typedef int32_t (*fa4_load_fn)(int32_t device);
-typedef int32_t (*fa4_fwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                              const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
-                              const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
-                              const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                              const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
-                              const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                              const fa4_tensor *score_params, const fa4_tensor *page_table,
-                              const fa4_tensor *k_new, const fa4_tensor *v_new, const fa4_fwd_params *params,
-                              cudaStream_t stream);
+/* The generated per-variant functions (aot.generate_stub), each in its own object: the table
+   declares them through these function types, with hidden visibility. */
+#define FA4_HIDDEN __attribute__((visibility("hidden")))
 
-typedef int32_t (*fa4_bwd_fn)(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                              const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
-                              const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
-                              const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                              const fa4_tensor *seqused_k, const fa4_tensor *dq_semaphore,
-                              const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
-                              const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
-                              const fa4_tensor *score_grad, const fa4_bwd_params *params, cudaStream_t stream);
+typedef int32_t fa4_init_launch(void);
+typedef int32_t fa4_load_launch(int32_t device);
+typedef int32_t fa4_fwd_launch(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                               const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
+                               const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
+                               const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
+                               const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
+                               const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
+                               const fa4_tensor *score_params, const fa4_tensor *page_table,
+                               const fa4_tensor *k_new, const fa4_tensor *v_new, const fa4_fwd_params *params,
+                               cudaStream_t stream);
 
-typedef int32_t (*fa4_bwd_pre_fn)(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
-                                  const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
-                                  const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
-                                  const fa4_bwd_pre_params *params, cudaStream_t stream);
+typedef int32_t fa4_bwd_launch(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+                               const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                               const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                               const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                               const fa4_tensor *seqused_k, const fa4_tensor *dq_semaphore,
+                               const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
+                               const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                               const fa4_tensor *score_grad, const fa4_bwd_params *params, cudaStream_t stream);
 
-typedef int32_t (*fa4_bwd_post_fn)(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream);
+typedef int32_t fa4_bwd_pre_launch(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
+                                   const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
+                                   const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
+                                   const fa4_bwd_pre_params *params, cudaStream_t stream);
+
+typedef int32_t fa4_bwd_post_launch(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream);
+
+typedef fa4_init_launch *fa4_init_fn;
+typedef fa4_load_launch *fa4_load_fn;
+typedef fa4_fwd_launch *fa4_fwd_fn;
+typedef fa4_bwd_launch *fa4_bwd_fn;
+typedef fa4_bwd_pre_launch *fa4_bwd_pre_fn;
+typedef fa4_bwd_post_launch *fa4_bwd_post_fn;
 
 enum fa4_kernel_kind { FA4_KERNEL_FWD = 0, FA4_KERNEL_BWD = 1, FA4_KERNEL_BWD_PRE = 2, FA4_KERNEL_BWD_POST = 3 };
 enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1 };

@@ -2,11 +2,12 @@
 
     python -m fa4_kernels.aot --out build/aot --lib torch_ops/fa4/_native [--jobs N] [--filter FRAG,..]
 
-Each variant compiles in its own process (CUTE_DSL_ARCH is read once per process, and the
-compiles run in parallel). Objects are cached under ``--out`` by a content hash of the kernel
-sources, the variant key, its tile configuration and the DSL version, so an unchanged rebuild
-only relinks. The native library is then linked from the objects, the generated variant table
-and ``csrc_shims/`` with the host C compiler; it links libcudart and nothing from the DSL wheel.
+Variants compile in long-lived worker processes, one per job, each importing the DSL once
+(CUTE_DSL_ARCH is read once per process, so a worker serves one arch). Objects are cached under
+``--out`` by a content hash of the kernel sources, the variant key, its tile configuration and the
+DSL version, so an unchanged rebuild only relinks. The native library is then linked from the
+objects, a generated C stub per variant (cached too), the generated variant table and
+``csrc_shims/`` with the host C compiler; it links libcudart and nothing from the DSL wheel.
 """
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -301,26 +305,108 @@ def build_objects(variants, out_root: Path, jobs: int) -> dict:
     print(f"fa4 aot: {len(variants)} variants, {len(variants) - len(plan)} cached, "
           f"{len(plan)} to compile on {jobs} processes", file=sys.stderr)
 
-    def run(item):
-        key, obj_dir = item
-        env = dict(os.environ, CUTE_DSL_ARCH=key.arch, PYTHONPATH=os.pathsep.join(
-            [str(KERNEL_DIR.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        t0 = time.time()
-        proc = subprocess.run(
-            [sys.executable, "-m", "fa4_kernels.aot", "--compile-one", key.name, "--obj-dir", str(obj_dir)],
-            env=env, capture_output=True, text=True,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"compiling {key.name} failed:\n{proc.stdout}\n{proc.stderr}")
-        (obj_dir / "COMPLETE").write_text(json.dumps({"seconds": round(time.time() - t0, 2)}))
-        return key.name
-
-    done = 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        for name in pool.map(run, plan):
-            done += 1
-            _progress(done, len(plan), name)
+    _compile_plan(plan, jobs)
     return results
+
+
+# Kinds in the order their variants are handed out, the slowest first (forward variants take
+# 4-15 s to compile, backward 2-6 s, the preprocess and postprocess 1-2 s), so the last
+# variant to finish is a short one.
+_COMPILE_ORDER = ("fwd", "bwd", "bwd_pre", "bwd_post")
+
+
+def _compile_plan(plan, jobs: int) -> None:
+    """Compile ``plan`` ([(key, obj dir)]) on ``jobs`` worker processes, marking each object dir
+    COMPLETE with its compile time."""
+    items = queue.SimpleQueue()
+    for item in sorted(plan, key=lambda it: (it[0].arch, _COMPILE_ORDER.index(it[0].kernel), -it[0].head_dim)):
+        items.put(item)
+    lock, failed, done = threading.Lock(), threading.Event(), [0]
+
+    def drain():
+        worker = None
+        try:
+            while not failed.is_set():
+                try:
+                    key, obj_dir = items.get_nowait()
+                except queue.Empty:
+                    return
+                if worker is None or worker.arch != key.arch:
+                    if worker is not None:
+                        worker.close()
+                    worker = CompileWorker(key.arch)
+                try:
+                    seconds = worker.compile(key.name, obj_dir)
+                except BaseException:
+                    failed.set()
+                    raise
+                (obj_dir / "COMPLETE").write_text(json.dumps({"seconds": seconds}))
+                with lock:
+                    done[0] += 1
+                    _progress(done[0], len(plan), key.name)
+        finally:
+            if worker is not None:
+                worker.close()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(drain) for _ in range(min(jobs, len(plan)))]:
+            future.result()
+
+
+class CompileWorker:
+    """A ``--worker`` process for one arch that compiles the variants it is sent, one at a time.
+    Importing and initialising the DSL is ~2 s of a variant's 3-9 s, so a process per variant
+    spent about a third of the build on it."""
+
+    def __init__(self, arch: str):
+        self.arch = arch
+        env = dict(os.environ, CUTE_DSL_ARCH=arch, PYTHONPATH=os.pathsep.join(
+            [str(KERNEL_DIR.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        # The worker's own output (the DSL's warnings) goes to a file: a pipe nobody reads could fill.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "fa4_kernels.aot", "--worker"], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+
+    def compile(self, name: str, obj_dir: Path) -> float:
+        """Compile one variant into ``obj_dir``; its compile time in seconds."""
+        try:
+            self.proc.stdin.write(json.dumps([name, str(obj_dir)]) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            self.log.seek(0)
+            raise RuntimeError(f"compiling {name}: the worker exited with {self.proc.wait()}:\n"
+                               f"{self.log.read()[-8000:]}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"compiling {name} failed:\n{reply['error']}")
+        return reply["seconds"]
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.proc.wait()
+        self.log.close()
+
+
+def serve_compiles() -> None:
+    """The ``--worker`` loop: for each line ``[name, obj_dir]`` on stdin, compile that variant and
+    answer one line on stdout, ``{"seconds": s}`` or ``{"error": traceback}``."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever the DSL or MLIR prints must not land among the replies
+    for line in sys.stdin:
+        name, obj_dir = json.loads(line)
+        t0 = time.time()
+        try:
+            compile_variant(name, Path(obj_dir))
+            reply = {"seconds": round(time.time() - t0, 2)}
+        except Exception:
+            reply = {"error": traceback.format_exc()}
+        replies.write(json.dumps(reply) + "\n")
 
 
 # --------------------------------------------------------------------------------- link
@@ -406,13 +492,15 @@ def _launch_fn(key: catalog.VariantKey, header: str) -> str:
     fill = _tensor_fill(n, header, TENSOR_ARGS[key.kernel])
     if key.kernel == "bwd_post":
         return f"""
-static int32_t {n}_bwd_post(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream) {{
+FA4_HIDDEN fa4_bwd_post_launch {n}_bwd_post;
+FA4_HIDDEN int32_t {n}_bwd_post(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream) {{
 {fill}
   return cute_dsl_{n}_wrapper(&{n}_module, &t_dq_accum, &t_dq, stream);
 }}"""
     if key.kernel == "bwd_pre":
         return f"""
-static int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
+FA4_HIDDEN fa4_bwd_pre_launch {n}_bwd_pre;
+FA4_HIDDEN int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                            const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                            const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
                            const fa4_bwd_pre_params *p, cudaStream_t stream) {{
@@ -422,7 +510,8 @@ static int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const 
 }}"""
     if key.kernel == "bwd":
         return f"""
-static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v, const fa4_tensor *dout,
+FA4_HIDDEN fa4_bwd_launch {n}_bwd;
+FA4_HIDDEN int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v, const fa4_tensor *dout,
                        const fa4_tensor *lse_log2, const fa4_tensor *dpsum, const fa4_tensor *dq_accum,
                        const fa4_tensor *dk, const fa4_tensor *dv, const fa4_tensor *cu_seqlens_q,
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
@@ -438,7 +527,8 @@ static int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
                               p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream);
 }}"""
     return f"""
-static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
+FA4_HIDDEN fa4_fwd_launch {n}_fwd;
+FA4_HIDDEN int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
                        const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
                        const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
                        const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
@@ -457,37 +547,49 @@ static int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tenso
 }}"""
 
 
-def generate_table(entries) -> str:
-    """entries: [(VariantKey, header_path)] -> C source of the variant table."""
-    out = ['/* Generated by fa4_kernels.aot: do not edit. */', '#include "fa4_variant_table.h"',
-           '#include "fa4_rules.h"']
-    rows = []
-    for key, header_path in entries:
-        n = key.name
-        header = header_path.read_text()
-        major, minor = key.compute_capability
-        out.append(f'#include "{header_path.name}"')
-        out.append(f"""
+def generate_stub(key: catalog.VariantKey, header_path: Path) -> str:
+    """C source of one variant's functions (init, load, launch), compiled into its own object:
+    hidden symbols the table (generate_table) declares through fa4_variant_table.h's types."""
+    n = key.name
+    return f"""/* Generated by fa4_kernels.aot: do not edit. */
+#include "fa4_variant_table.h"
+#include "{header_path.name}"
+
 static {n}_Kernel_Module_t {n}_module;
-static int32_t {n}_init(void) {{
+FA4_HIDDEN fa4_init_launch {n}_init;
+FA4_HIDDEN fa4_load_launch {n}_load;
+FA4_HIDDEN int32_t {n}_init(void) {{
   cudaLibrary_t *library = &{n}_module.module;
   cudaError_t ret = cudaSuccess;
   struct {{ cudaLibrary_t **library; cudaError_t *ret; }} args = {{&library, &ret}};
   _mlir_{n}_cuda_init((void **)&args);
   return (int32_t)ret;
 }}
-static int32_t {n}_load(int32_t device) {{
+FA4_HIDDEN int32_t {n}_load(int32_t device) {{
   cudaLibrary_t *library = &{n}_module.module;
   cudaError_t ret = cudaSuccess;
   struct {{ cudaLibrary_t **library; int32_t *device; cudaError_t *ret; }} args = {{&library, &device, &ret}};
   _mlir_{n}_cuda_load_to_device((void **)&args);
   return (int32_t)ret;
-}}""")
-        out.append(_launch_fn(key, header))
+}}
+{_launch_fn(key, header_path.read_text())}
+"""
+
+
+def generate_table(keys) -> str:
+    """C source of the variant table: one row per key, pointing at its stub's functions."""
+    out = ['/* Generated by fa4_kernels.aot: do not edit. */', '#include "fa4_variant_table.h"',
+           '#include "fa4_rules.h"']
+    rows = []
+    for key in keys:
+        n = key.name
+        major, minor = key.compute_capability
+        out.append(f"FA4_HIDDEN fa4_init_launch {n}_init;\nFA4_HIDDEN fa4_load_launch {n}_load;\n"
+                   f"FA4_HIDDEN fa4_{key.kernel}_launch {n}_{key.kernel};")
         cfg = heuristics.kernel_config(key)
         split_tail = int(getattr(cfg, "split_tail", False))
-        launch = {"fwd": f"{n}_fwd, NULL, NULL, NULL", "bwd": f"NULL, {n}_bwd, NULL, NULL",
-                  "bwd_pre": f"NULL, NULL, {n}_bwd_pre, NULL", "bwd_post": f"NULL, NULL, NULL, {n}_bwd_post"}[key.kernel]
+        # The row's launchers, in fa4_variant's order (fwd, bwd, bwd_pre, bwd_post): this kind's set.
+        launch = ", ".join(f"{n}_{kind}" if kind == key.kernel else "NULL" for kind in catalog.KERNELS)
         kind = {"fwd": "FA4_KERNEL_FWD", "bwd": "FA4_KERNEL_BWD", "bwd_pre": "FA4_KERNEL_BWD_PRE",
                 "bwd_post": "FA4_KERNEL_BWD_POST"}[key.kernel]
         dtype = {"bf16": "FA4_DTYPE_BF16", "fp16": "FA4_DTYPE_FP16"}[key.dtype]
@@ -540,34 +642,40 @@ def find_cuda() -> tuple[Path, Path]:
                        "`pip install nvidia-cuda-runtime` (or set CUDA_HOME)")
 
 
-def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
+# Flags of every C object in libfa4.so: the stubs, the table and the shims.
+C_FLAGS = ["-fPIC", "-O2", "-std=c11", "-Wall", "-Wno-unused-function"]
+
+
+def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="", jobs: int = 1) -> Path:
+    """Link libfa4.so from the variants' objects, their stubs and the shims, then the rules and
+    operator libraries beside it. The C compiles run on ``jobs`` processes; stubs are cached."""
     inc, cudart_dir = find_cuda()
     work_dir.mkdir(parents=True, exist_ok=True)
-    table_c = work_dir / "fa4_variant_table.c"
-    table_c.write_text(generate_table(entries))
     cudart = sorted(cudart_dir.glob("libcudart.so.*"), key=lambda p: len(p.name))[0].name
-    header_dirs = sorted({str(h.parent) for _, h in entries})
-    objects = [str(h.with_suffix(".o")) for _, h in entries]
-    lib_dir.mkdir(parents=True, exist_ok=True)
-    tmp_out = lib_dir / f".{LIB_NAME}.tmp"
     cc = os.environ.get("CC", "cc")
     # Diagnostics builds time the launches too (cuda_forwards.c).
     diag = ["-DFA4_DIAG_HOST_TIMING"] if env_settings()["diag_host_timing"] else []
-    cmd = [
-        cc, "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wno-unused-function", *diag,
-        "-Wl,-z,defs", "-Wl,--exclude-libs,ALL", "-I", str(inc), "-I", str(SHIM_DIR),
-        *[f"-I{d}" for d in header_dirs],
-        str(SHIM_DIR / "fa4_shim.c"), str(SHIM_DIR / "cuda_forwards.c"), str(SHIM_DIR / "fa4_rules.c"),
-        str(SHIM_DIR / "fa4_schemas.c"), str(table_c), *objects,
-        "-L", str(cudart_dir), f"-l:{cudart}", "-lpthread", "-o", str(tmp_out),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"linking {LIB_NAME} failed:\n{' '.join(cmd)}\n{proc.stderr}")
-    out = lib_dir / LIB_NAME
-    os.replace(tmp_out, out)
-    build_rules(lib_dir)
-    link_ops(lib_dir, inc, cudart_dir, cudart)
+    c_cmd = [cc, *C_FLAGS, *diag, "-I", str(inc), "-I", str(SHIM_DIR)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        ops_objects = [pool.submit(_compile_source, cmd, source, work_dir / f"{source.stem}.o")
+                       for cmd, source in _ops_sources(inc)]
+        stubs = [pool.submit(_stub_object, key, header, c_cmd, work_dir / "stubs") for key, header in entries]
+        table_c = work_dir / "fa4_variant_table.c"
+        table_c.write_text(generate_table([key for key, _ in entries]))
+        objects = [f.result() for f in stubs] + [h.with_suffix(".o") for _, h in entries]
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        tmp_out = lib_dir / f".{LIB_NAME}.tmp"
+        cmd = [*c_cmd, "-shared", "-Wl,-z,defs", "-Wl,--exclude-libs,ALL",
+               str(SHIM_DIR / "fa4_shim.c"), str(SHIM_DIR / "cuda_forwards.c"), str(SHIM_DIR / "fa4_rules.c"),
+               str(SHIM_DIR / "fa4_schemas.c"), str(table_c), *map(str, objects),
+               "-L", str(cudart_dir), f"-l:{cudart}", "-lpthread", "-o", str(tmp_out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"linking {LIB_NAME} failed:\n{' '.join(cmd)}\n{proc.stderr}")
+        out = lib_dir / LIB_NAME
+        os.replace(tmp_out, out)
+        build_rules(lib_dir)
+        link_ops(lib_dir, [f.result() for f in ops_objects], cudart_dir, cudart)
     manifest = {
         "dsl_version": dsl_version(),
         "archs": list(archs),
@@ -580,6 +688,39 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="") -> Path:
     tmp_manifest.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp_manifest, lib_dir / MANIFEST_NAME)
     return out
+
+
+def _compile_source(cmd: list[str], source: Path, obj: Path) -> Path:
+    """``cmd -c source`` into ``obj`` (written whole or not at all)."""
+    tmp = obj.with_name(f".{obj.name}.tmp")
+    full = [*cmd, "-c", str(source), "-o", str(tmp)]
+    proc = subprocess.run(full, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {source.name} failed:\n{' '.join(full)}\n{proc.stderr}")
+    os.replace(tmp, obj)
+    return obj
+
+
+def _stub_object(key: catalog.VariantKey, header: Path, c_cmd: list[str], stub_dir: Path) -> Path:
+    """The variant's stub (generate_stub) compiled, cached under ``stub_dir`` by a hash of its
+    source, the headers it includes and the command. One table of all the stubs took 55 s to
+    compile on one core (10 MB after preprocessing); as one object each they compile on every
+    job, and a rebuild recompiles only those whose variant or generator changed."""
+    stub_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [*c_cmd, "-I", str(header.parent)]
+    source = generate_stub(key, header)
+    h = hashlib.sha256(json.dumps([source, header.read_text(), cmd]).encode())
+    for shim_header in sorted(SHIM_DIR.glob("*.h")):
+        h.update(shim_header.read_bytes())
+    obj = stub_dir / f"{key.name}-{h.hexdigest()[:20]}.o"
+    for stale in stub_dir.glob(f"{key.name}-*.o"):
+        if stale != obj:
+            stale.unlink(missing_ok=True)
+    if obj.exists():
+        return obj
+    source_path = stub_dir / f"{key.name}.c"
+    source_path.write_text(source)
+    return _compile_source(cmd, source_path, obj)
 
 
 def build_rules(lib_dir: Path) -> Path:
@@ -619,27 +760,34 @@ def find_torch() -> Path | None:
 TORCH_TARGET_VERSION = "0x020A000000000000"
 
 
-def link_ops(lib_dir: Path, cuda_inc: Path, cudart_dir: Path, cudart: str) -> Path:
-    """libfa4_ops.so: the CUDA implementations of the torch.ops.fa4 operators
-    (csrc_shims/fa4_ops.cpp) on torch's stable ABI, linked against libfa4.so beside it.
-    libtorch_cpu is a DT_NEEDED entry (the stable C functions live there; its soname binds to
-    whichever torch is loaded), and the CUDA stream getter is looked up at run time."""
+def _ops_sources(cuda_inc: Path) -> list[tuple[list[str], Path]]:
+    """(compile command, source) of libfa4_ops.so's objects: csrc_shims/fa4_ops.cpp and
+    fa4_trace.cpp against torch's stable-ABI headers."""
     torch_dir = find_torch()
     if torch_dir is None or not (torch_dir / "include" / "torch" / "csrc" / "stable" / "library.h").exists():
         raise RuntimeError("building fa4's operators needs torch >= 2.10 (its stable-ABI headers) in the "
                            "environment pip installs into; install torch first")
-    tmp_out = lib_dir / f".{OPS_LIB_NAME}.tmp"
-    stamps = []  # diagnostics builds' defines
+    defines = []  # diagnostics builds'
     if env_settings()["diag_stamps"]:  # the stamps' buffer (scripts/stamps_report.py)
         from fa4_kernels import stamps as stamp_layout
 
-        stamps = [f"-DFA4_DIAG_STAMP_WORDS={max(stamp_layout.buffer_words(), 1 << 16)}"]
+        defines = [f"-DFA4_DIAG_STAMP_WORDS={max(stamp_layout.buffer_words(), 1 << 16)}"]
     if env_settings()["diag_host_timing"]:
-        stamps.append("-DFA4_DIAG_HOST_TIMING")
-    cmd = [os.environ.get("CXX", "c++"), "-shared", "-fPIC", "-O2", "-std=c++17", "-Wall", "-Wl,-z,defs",
-           f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA", *stamps,
-           "-I", str(torch_dir / "include"), "-I", str(cuda_inc), "-I", str(SHIM_DIR),
-           str(SHIM_DIR / "fa4_ops.cpp"), str(SHIM_DIR / "fa4_trace.cpp"),
+        defines.append("-DFA4_DIAG_HOST_TIMING")
+    cmd = [os.environ.get("CXX", "c++"), "-fPIC", "-O2", "-std=c++17", "-Wall",
+           f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA", *defines,
+           "-I", str(torch_dir / "include"), "-I", str(cuda_inc), "-I", str(SHIM_DIR)]
+    return [(cmd, SHIM_DIR / "fa4_ops.cpp"), (cmd, SHIM_DIR / "fa4_trace.cpp")]
+
+
+def link_ops(lib_dir: Path, objects: list[Path], cudart_dir: Path, cudart: str) -> Path:
+    """libfa4_ops.so: the CUDA implementations of the torch.ops.fa4 operators (``objects``, from
+    _ops_sources) on torch's stable ABI, linked against libfa4.so beside it. libtorch_cpu is a
+    DT_NEEDED entry (the stable C functions live there; its soname binds to whichever torch is
+    loaded), and the CUDA stream getter is looked up at run time."""
+    torch_dir = find_torch()
+    tmp_out = lib_dir / f".{OPS_LIB_NAME}.tmp"
+    cmd = [os.environ.get("CXX", "c++"), "-shared", "-Wl,-z,defs", *map(str, objects),
            "-L", str(lib_dir), f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN",
            "-L", str(torch_dir / "lib"), "-Wl,--no-as-needed", "-ltorch_cpu", "-Wl,--as-needed",
            "-L", str(cudart_dir), f"-l:{cudart}", "-ldl", "-o", str(tmp_out)]
@@ -661,7 +809,7 @@ def build(out_root: Path, lib_dir: Path, archs=None, pattern=None, jobs=None) ->
     t0 = time.time()
     obj_dirs = build_objects(variants, out_root, jobs)
     entries = [(key, obj_dirs[key.name] / f"{key.name}.h") for key in variants]
-    lib = link(entries, lib_dir, out_root / "link", archs, pattern)
+    lib = link(entries, lib_dir, out_root / "link", archs, pattern, jobs)
     print(f"fa4 aot: linked {lib} ({len(entries)} variants) in {time.time() - t0:.1f}s", file=sys.stderr)
     return lib
 
@@ -674,7 +822,11 @@ def main(argv=None):
     parser.add_argument("--filter", default=None, help="comma-separated name fragments (default $FA4_VARIANTS)")
     parser.add_argument("--compile-one", help=argparse.SUPPRESS)
     parser.add_argument("--obj-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        serve_compiles()
+        return
     if args.compile_one:
         compile_variant(args.compile_one, args.obj_dir)
         return

@@ -1,4 +1,4 @@
-"""The build driver's pure parts: cache keys and the generated C variant table."""
+"""The build driver's pure parts: cache keys, the generated C stubs and variant table."""
 import json
 import textwrap
 from pathlib import Path
@@ -31,6 +31,11 @@ def _fake_header(name):
             + score + kv_cache)
 
 
+def _generated_c(entries):
+    """The table and every entry's stub, as one text."""
+    return aot.generate_table([key for key, _ in entries]) + "".join(aot.generate_stub(k, h) for k, h in entries)
+
+
 def test_variant_digest_changes_with_sources_and_dsl_version():
     a = aot.variant_digest(KEY, "src1", "4.8.1")
     assert a == aot.variant_digest(KEY, "src1", "4.8.1")
@@ -61,7 +66,7 @@ def test_build_overrides_reach_the_config_and_the_cache_key(monkeypatch):
 def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     header = tmp_path / f"{KEY.name}.h"
     header.write_text(_fake_header(KEY.name))
-    c = aot.generate_table([(KEY, header)])
+    c = _generated_c([(KEY, header)])
     # forward kind, sm_90, its call key (bf16, 128 x 128, causal, no softcap, regular tiles, not
     # varlen, no KV cache, not traced), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
     assert (f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 0, '
@@ -109,7 +114,7 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
                    for t in aot.TENSOR_ARGS["bwd_post"])
     (tmp_path / f"{post.name}.h").write_text(flat)
     entries.append((post, tmp_path / f"{post.name}.h"))
-    c = aot.generate_table(entries)
+    c = _generated_c(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 64, 128, 0,') in c
@@ -134,7 +139,7 @@ def test_unexpected_header_is_rejected(tmp_path: Path):
     header = tmp_path / f"{KEY.name}.h"
     header.write_text(_fake_header(KEY.name).replace("mLSE", "mOther"))
     with pytest.raises(RuntimeError, match="unexpected tensor arguments"):
-        aot.generate_table([(KEY, header)])
+        aot.generate_stub(KEY, header)
 
 
 def test_kernel_only_sources_list_every_kind_that_imports_them():
@@ -155,3 +160,20 @@ def test_kernel_only_sources_list_every_kind_that_imports_them():
             module = "fa4_kernels." + other.removesuffix(".py").replace("/", ".")
             if other != rel and re.search(rf"^from {re.escape(module)} import", text, re.M):
                 assert set(kinds) <= set(other_kinds), (rel, other)
+
+
+def test_compile_worker_reports_failures_and_keeps_serving(tmp_path: Path):
+    """A worker answers a failed compile with the traceback and serves the next request; one
+    that dies is reported with its output, never waited on forever."""
+    worker = aot.CompileWorker("sm_90a")
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="compiling fa4_no_such_variant failed"):
+                worker.compile("fa4_no_such_variant", tmp_path / "obj")
+        worker.proc.kill()
+        with pytest.raises(RuntimeError, match="the worker exited"):
+            worker.compile("fa4_no_such_variant", tmp_path / "obj")
+    finally:
+        worker.proc.kill()
+        worker.close()
+    assert not (tmp_path / "obj").exists()
