@@ -160,21 +160,28 @@ def _vmapped(mask_mod):
 
 
 def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
-    """(P, tile_m, tile_n / 32) int32 bitmasks of the partial tiles at ``where`` (P x (b, h, m, n));
-    ``transposed``: (P, tile_n, tile_m / 32), a row of bits over the queries per key."""
+    """(1 + P, tile_m, tile_n / 32) int32 bitmasks: slot 0 all clear, then the partial tiles at
+    ``where`` (P x (b, h, m, n)); ``transposed``: (1 + P, tile_n, tile_m / 32), a row of bits over
+    the queries per key. Indices are int32, as the mask_mod's are inside torch's flex kernels:
+    each bit costs a few dozen index operations, and int64 ones take several instructions each."""
     (bq, bk), (sq, sk), (tm, tn) = block_mask.BLOCK_SIZE, block_mask.seq_lengths, tile
     dev = kinds.device
     shape = (tn, tm // BITS_PER_WORD) if transposed else (tm, tn // BITS_PER_WORD)
-    out = torch.empty((where.shape[0], *shape), dtype=torch.int32, device=dev)
-    byte_weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=dev)
-    word_weights = torch.tensor([1 << (8 * i) for i in range(4)], dtype=torch.int64, device=dev)
+    out = torch.empty((1 + where.shape[0], *shape), dtype=torch.int32, device=dev)
+    out[0] = 0
+    # Bit i of a word is element 32w + i: the words are sums of distinct powers of two, bit 31's
+    # weight -2^31, so an int32 sum is exact (no partial sum leaves int32's range). One level in
+    # int32, not bytes, then int64 words, then wrapped to int32: under torch.compile the chunk's
+    # mask_mod, tests and packing then fuse into one kernel that writes the words.
+    weights = torch.tensor([1 << i for i in range(BITS_PER_WORD - 1)] + [-(1 << (BITS_PER_WORD - 1))],
+                           dtype=torch.int32, device=dev)
     mask_mod = block_mask.mask_mod
     evaluate = None if mask_mod is None or getattr(mask_mod, "__name__", None) == "noop_mask" else _vmapped(mask_mod)
     step = max(1, _EVAL_ELEMENTS // (tm * tn))
     for start in range(0, where.shape[0], step):
         b, h, m, n = where[start:start + step].unbind(1)
-        q = m[:, None] * tm + torch.arange(tm, device=dev)
-        kv = n[:, None] * tn + torch.arange(tn, device=dev)
+        q = m[:, None] * tm + torch.arange(tm, device=dev, dtype=torch.int32)
+        kv = n[:, None] * tn + torch.arange(tn, device=dev, dtype=torch.int32)
         cell = kinds[b[:, None, None], h[:, None, None], (q // bq).clamp(max=kinds.shape[2] - 1)[:, :, None],
                      (kv // bk).clamp(max=kinds.shape[3] - 1)[:, None, :]]
         bits = cell == _FULL
@@ -186,12 +193,8 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
         bits &= (q < sq)[:, :, None] & (kv < sk)[:, None, :]
         if transposed:
             bits = bits.transpose(1, 2)
-        # Eight bits to a byte (bit i of byte k is element 8k + i), four bytes to a word, in int64
-        # arithmetic, wrapped to int32 (a dtype view of the bytes does not lower in Inductor when
-        # it lays them out transposed).
-        packed = (bits.reshape(*bits.shape[:2], -1, 8).to(torch.uint8) * byte_weights).sum(-1, dtype=torch.uint8)
-        words = (packed.reshape(*packed.shape[:2], -1, 4).to(torch.int64) * word_weights).sum(-1)
-        out[start:start + step] = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+        words = (bits.reshape(*bits.shape[:2], -1, BITS_PER_WORD).to(torch.int32) * weights).sum(-1, dtype=torch.int32)
+        out[1 + start:1 + start + step] = words
     return out
 
 
@@ -215,7 +218,7 @@ def _reads_batch_and_head(mask_mod, device) -> tuple[bool, bool]:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
-        args = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(4)]
+        args = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(4)]
         graph = make_fx(_vmapped_grid(mask_mod))(*args).graph
     except Exception:  # noqa: BLE001 (any failure: assume it reads both)
         return True, True
@@ -262,14 +265,14 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], tran
             num_partial)
         # Partial tiles in slot order: each tile's first num_partial list entries, tiles in table order.
         listed = torch.arange(n_tiles, device=tiles.device) < num_partial[..., None]
-        b, h, row, j = listed.nonzero(as_tuple=True)  # the one host sync
+        b, h, row, j = (i.to(torch.int32) for i in listed.nonzero(as_tuple=True))  # the one host sync
     else:
         # Entry j of table row r takes slot 1 + r * n_tiles + j (its bits unused past num_partial).
         rows = torch.arange(num_partial.numel(), device=tiles.device, dtype=torch.int32).view_as(num_partial)
         first_slot = 1 + rows * n_tiles
         b, h, row, j = (g.flatten() for g in torch.meshgrid(
-            *(torch.arange(n, device=tiles.device) for n in blocks.shape), indexing="ij"))
-    col = blocks[b, h, row, j].long()
+            *(torch.arange(n, device=tiles.device, dtype=torch.int32) for n in blocks.shape), indexing="ij"))
+    col = blocks[b, h, row, j]
     where = torch.stack((b, h, col, row) if transposed else (b, h, row, col), 1)  # (b, h, query tile, K/V tile)
     bits = _tile_bits(block_mask, kinds, where, tile, transposed)
     # A tile that sees no key visits block 0 through the all-clear slot 0.
@@ -280,8 +283,7 @@ def build_tables(block_mask, batch: int, heads: int, tile: tuple[int, int], tran
     # Longest first (stable: equal tiles keep their order, and with it the heads' L2 sharing).
     order = torch.sort(total, dim=-1, descending=True, stable=True).indices.to(torch.int32)
     counts = torch.stack((num_partial, total, first_slot, order), -1)
-    zero_slot = torch.zeros((1, *bits.shape[1:]), dtype=torch.int32, device=tiles.device)
-    flat_bits = torch.cat((zero_slot, bits)).reshape(-1)
+    flat_bits = bits.reshape(-1)
     expand = lambda t: t.expand(batch, heads, *t.shape[2:])  # noqa: E731
     return SparseTables(expand(counts), expand(blocks), flat_bits, (tm, tn), transposed)
 
