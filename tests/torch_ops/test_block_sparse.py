@@ -114,6 +114,36 @@ def test_block_sparse_tables_follow_the_batch_and_head_indices_the_mask_reads():
         assert torch.equal(dense, want.expand(3, 2, 32, 32))
 
 
+def test_eager_builds_trace_each_mask_mod_once(monkeypatch):
+    """Eager builds ask _reads_batch_and_head once per mask_mod and device (its trace dominated a
+    build); a function that is gone leaves the cache, and one that cannot be cached is traced."""
+    import gc
+
+    calls = []
+    trace = block_sparse._reads_batch_and_head
+    monkeypatch.setattr(block_sparse, "_reads_batch_and_head", lambda m, d: calls.append(d) or trace(m, d))
+
+    def mod(b, h, q, kv):
+        return (q + kv + h) % 2 == 0
+
+    for _ in range(3):
+        assert block_sparse._mask_reads(mod, "cpu") == (False, True)
+    assert calls == ["cpu"] and mod in block_sparse._READS
+    del mod
+    gc.collect()
+    assert not any(getattr(m, "__name__", "") == "mod" for m in block_sparse._READS)
+
+    class Unhashable:
+        __hash__ = None
+
+        def __call__(self, b, h, q, kv):
+            return kv <= q + b
+
+    unhashable = Unhashable()
+    assert [block_sparse._mask_reads(unhashable, "cpu") for _ in range(2)] == [(True, False)] * 2
+    assert calls == ["cpu"] * 3
+
+
 def test_table_layout_agrees_with_the_kernels_and_the_native_checks():
     """One layout of the counts table: the runtime's, the kernels' (fa4_kernels.block_info) and
     the native checks' (FA4_SPARSE_COUNT_FIELDS in csrc_shims/fa4_shim.h)."""
