@@ -16,7 +16,7 @@ import time
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from fa4 import block_sparse
+from fa4 import bench, block_sparse
 
 
 def timed(fn, iters=10):
@@ -43,22 +43,10 @@ def main():
         impl = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = impl  # dataclasses and dynamo look modules up by name
         spec.loader.exec_module(impl)
-    tokens, block = args.tokens, 128
-    gen = torch.Generator().manual_seed(0)
-    cells = -(-tokens // block)
-    keep = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
-    partial = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
-
-    def random_blocks(b, h, q, kv):
-        cq, ck = q // block, kv // block
-        return keep[cq, ck] & (~partial[cq, ck] | ((q * 7 + kv * 3) % 5 != 0))
-
-    def causal(b, h, q, kv):
-        return q >= kv
-
+    tokens = args.tokens
     dims = (torch.bfloat16, args.head_dim, args.head_dim, torch.device("cuda"))
     tile, bwd_tile = impl.kernel_tile(*dims), impl.kernel_tile(*dims, kernel="bwd")
-    for label, mask_mod in (("random blocks", random_blocks), ("causal mask_mod", causal)):
+    for label, mask_mod in bench.sparse_bench_masks(tokens).items():
         block_mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")
         for name, t, transposed in (("forward", tile, False), ("backward", bwd_tile, True)):
             eager = lambda: impl.build_tables(block_mask, 1, args.heads, t, transposed)  # noqa: E731

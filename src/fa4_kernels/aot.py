@@ -486,64 +486,38 @@ def _tensor_fill(name: str, header: str, args: dict) -> str:
     return "\n".join(lines)
 
 
+def launch_params(kind: str) -> str:
+    """The parameter list of fa4_variant_table.h's ``fa4_<kind>_launch`` function type, with which
+    the stubs define their launch functions (the header is the one place it is written)."""
+    text = (SHIM_DIR / "fa4_variant_table.h").read_text()
+    found = re.search(rf"typedef int32_t fa4_{kind}_launch\((.*?)\);", text, re.S)
+    if found is None:
+        raise RuntimeError(f"fa4_variant_table.h declares no fa4_{kind}_launch")
+    return " ".join(found.group(1).split())
+
+
+# The generated wrapper's arguments after its tensors, by kernel kind: fields of the launch
+# function's ``params`` (fa4_shim.h), then the stream.
+WRAPPER_SCALARS = {
+    "fwd": ("softmax_scale", "softcap", "window_left", "window_right", "heads_per_group", "num_sms",
+            "max_seqlen_q", "has_seqused_k", "pack_gqa", "tail_ctas", "page_size", "seqlen_new"),
+    "bwd": ("softmax_scale", "softcap", "window_left", "window_right", "num_n_blocks", "has_seqused_k",
+            "deterministic", "rotate", "store_first"),
+    "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks"),
+    "bwd_post": (),
+}
+
+
 def _launch_fn(key: catalog.VariantKey, header: str) -> str:
-    """C of the variant's launch function, by kernel kind (signatures: fa4_variant_table.h)."""
-    n = key.name
-    fill = _tensor_fill(n, header, TENSOR_ARGS[key.kernel])
-    if key.kernel == "bwd_post":
-        return f"""
-FA4_HIDDEN fa4_bwd_post_launch {n}_bwd_post;
-FA4_HIDDEN int32_t {n}_bwd_post(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream) {{
-{fill}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_dq_accum, &t_dq, stream);
-}}"""
-    if key.kernel == "bwd_pre":
-        return f"""
-FA4_HIDDEN fa4_bwd_pre_launch {n}_bwd_pre;
-FA4_HIDDEN int32_t {n}_bwd_pre(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
-                           const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
-                           const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
-                           const fa4_bwd_pre_params *p, cudaStream_t stream) {{
-{fill}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_out, &t_dout, &t_lse, &t_dlse, &t_lse_log2, &t_dpsum, &t_dq_accum,
-                              &t_cu_seqlens_q, p->has_dlse, p->zero_rows, p->num_m_blocks, stream);
-}}"""
-    if key.kernel == "bwd":
-        return f"""
-FA4_HIDDEN fa4_bwd_launch {n}_bwd;
-FA4_HIDDEN int32_t {n}_bwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v, const fa4_tensor *dout,
-                       const fa4_tensor *lse_log2, const fa4_tensor *dpsum, const fa4_tensor *dq_accum,
-                       const fa4_tensor *dk, const fa4_tensor *dv, const fa4_tensor *cu_seqlens_q,
-                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                       const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts,
-                       const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                       const fa4_tensor *score_params, const fa4_tensor *score_grad,
-                       const fa4_bwd_params *p, cudaStream_t stream) {{
-{fill}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_dout, &t_lse_log2, &t_dpsum, &t_dq_accum, &t_dk,
-                              &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_dq_semaphore,
-                              &t_sparse_counts, &t_sparse_blocks, &t_sparse_bits, &t_score_params, &t_score_grad,
-                              p->softmax_scale, p->softcap, p->window_left, p->window_right, p->num_n_blocks,
-                              p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream);
-}}"""
+    """C of the variant's launch function: its tensors converted to the generated structs, then
+    the generated wrapper called with them and the scalars (signature: fa4_variant_table.h)."""
+    n, kind = key.name, key.kernel
+    args = [f"&t_{t}" for t in TENSOR_ARGS[kind].values()] + [f"params->{f}" for f in WRAPPER_SCALARS[kind]]
     return f"""
-FA4_HIDDEN fa4_fwd_launch {n}_fwd;
-FA4_HIDDEN int32_t {n}_fwd(const fa4_tensor *q, const fa4_tensor *k, const fa4_tensor *v,
-                       const fa4_tensor *o, const fa4_tensor *lse, const fa4_tensor *semaphores,
-                       const fa4_tensor *partials, const fa4_tensor *cu_seqlens_q,
-                       const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                       const fa4_tensor *seq_order, const fa4_tensor *sparse_counts,
-                       const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits,
-                       const fa4_tensor *score_params, const fa4_tensor *page_table,
-                       const fa4_tensor *k_new, const fa4_tensor *v_new, const fa4_fwd_params *p,
-                       cudaStream_t stream) {{
-{fill}
-  return cute_dsl_{n}_wrapper(&{n}_module, &t_q, &t_k, &t_v, &t_o, &t_lse, &t_semaphores, &t_partials,
-                              &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_order, &t_sparse_counts,
-                              &t_sparse_blocks, &t_sparse_bits, &t_score_params, &t_page_table, &t_k_new,
-                              &t_v_new, p->softmax_scale, p->softcap, p->window_left, p->window_right,
-                              p->heads_per_group, p->num_sms, p->max_seqlen_q, p->has_seqused_k,
-                              p->pack_gqa, p->tail_ctas, p->page_size, p->seqlen_new, stream);
+FA4_HIDDEN fa4_{kind}_launch {n}_{kind};
+FA4_HIDDEN int32_t {n}_{kind}({launch_params(kind)}) {{
+{_tensor_fill(n, header, TENSOR_ARGS[kind])}
+  return cute_dsl_{n}_wrapper(&{n}_module, {", ".join(args)}, stream);
 }}"""
 
 

@@ -1,5 +1,4 @@
 """The build driver's pure parts: cache keys, the generated C stubs and variant table."""
-import json
 import textwrap
 from pathlib import Path
 
@@ -77,11 +76,11 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "t_lse.dynamic_strides[1] = lse->stride[1];" in c
     assert "t_lse.dynamic_strides[2]" not in c
     assert "t_semaphores.dynamic_shapes[0] = (int32_t)semaphores->shape[0];" in c
-    assert "&t_semaphores, &t_partials," in c and "p->tail_ctas, p->page_size" in c
+    assert "&t_semaphores, &t_partials," in c and "params->tail_ctas, params->page_size" in c
     assert "t_cu_seqlens_q.dynamic_shapes[0] = (int32_t)cu_seqlens_q->shape[0];" in c
     assert "t_seqused_k.dynamic_strides" not in c
     assert "t_seq_order.dynamic_shapes[0] = (int32_t)seq_order->shape[0];" in c
-    assert "&t_seqused_k, &t_seq_order," in c and "p->pack_gqa, p->tail_ctas, p->page_size" in c
+    assert "&t_seqused_k, &t_seq_order," in c and "params->pack_gqa, params->tail_ctas, params->page_size" in c
     # The block-sparse tables (any fwd variant takes them; dense ones get placeholders).
     assert "t_sparse_blocks.dynamic_shapes[3] = (int32_t)sparse_blocks->shape[3];" in c
     assert "t_sparse_counts.dynamic_strides[2] = sparse_counts->stride[2];" in c
@@ -93,7 +92,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "t_page_table.dynamic_strides[0] = page_table->stride[0];" in c
     assert "&t_page_table, &t_k_new," in c
     assert "t_k_new.dynamic_strides[2] = k_new->stride[2];" in c
-    assert "p->tail_ctas, p->page_size, p->seqlen_new, stream" in c
+    assert "params->tail_ctas, params->page_size, params->seqlen_new, stream" in c
     assert "fa4_variant_count = 1;" in c
     assert "fa4_stats_block_rows = 128;" in c
 
@@ -119,7 +118,8 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 64, 128, 0,') in c
     assert f"NULL, {main.name}_bwd, NULL, NULL}}" in c
-    assert "p->num_n_blocks," in c and "p->has_seqused_k, p->deterministic, p->rotate, p->store_first, stream" in c
+    assert "params->num_n_blocks," in c
+    assert "params->has_seqused_k, params->deterministic, params->rotate, params->store_first, stream" in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     assert "&t_sparse_bits, &t_score_params, &t_score_grad," in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.
@@ -132,7 +132,7 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0, 0,') in c
     assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
     assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
-    assert "p->has_dlse, p->zero_rows, p->num_m_blocks, stream" in c
+    assert "params->has_dlse, params->zero_rows, params->num_m_blocks, stream" in c
 
 
 def test_unexpected_header_is_rejected(tmp_path: Path):

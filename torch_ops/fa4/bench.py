@@ -422,18 +422,9 @@ def bench_flex_masks(args, dtype) -> None:
             print(f"hd={head_dim_label(head_dim, head_dim_v):>3s} {case}:\n  " + "\n  ".join(cells), flush=True)
 
 
-def bench_flex_sparse(args, dtype) -> None:
-    """mask_mods fa4 reads only through their BlockMask and bits (fa4.block_sparse), at --tokens:
-    half of the 128 x 128 blocks kept at random, half of those partial (a per-element pattern
-    keeping 4 keys in 5); and causal written as a plain function (unequal tiles: the schedules'
-    longest-first order matters), beside fa4's own causal kernel. fa4.flex_attention eager and
-    compiled (its tables built inside the graph) against torch's flex_attention compiled, forward
-    and forward + backward (3.5x the forward's FLOPs), TFLOP/s of useful work; the BlockMask's and
-    fa4's tables' (forward and backward) preparation times."""
-    from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
-
-    compiled = torch.compile(flex_attention)
-    tokens, block = args.tokens, 128
+def sparse_bench_masks(tokens: int, block: int = 128) -> dict:
+    """--flex-sparse's mask_mods over ``tokens`` (CUDA): half of the ``block``-sized blocks kept at
+    random (seed 0), half of those partial (4 keys in 5 kept), and causal as a plain function."""
     gen = torch.Generator().manual_seed(0)
     cells = -(-tokens // block)
     keep = (torch.rand(cells, cells, generator=gen) < 0.5).cuda()
@@ -446,8 +437,22 @@ def bench_flex_sparse(args, dtype) -> None:
     def causal(b, h, q, kv):
         return q >= kv
 
-    for label, mask_mod in (("random 50% of blocks, half of them partial", random_blocks),
-                            ("causal as a plain mask_mod", causal)):
+    return {"random 50% of blocks, half of them partial": random_blocks, "causal as a plain mask_mod": causal}
+
+
+def bench_flex_sparse(args, dtype) -> None:
+    """mask_mods fa4 reads only through their BlockMask and bits (fa4.block_sparse), at --tokens:
+    half of the 128 x 128 blocks kept at random, half of those partial (a per-element pattern
+    keeping 4 keys in 5); and causal written as a plain function (unequal tiles: the schedules'
+    longest-first order matters), beside fa4's own causal kernel. fa4.flex_attention eager and
+    compiled (its tables built inside the graph) against torch's flex_attention compiled, forward
+    and forward + backward (3.5x the forward's FLOPs), TFLOP/s of useful work; the BlockMask's and
+    fa4's tables' (forward and backward) preparation times."""
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    tokens = args.tokens
+    for label, mask_mod in sparse_bench_masks(tokens).items():
         create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")  # warm-up
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -459,7 +464,7 @@ def bench_flex_sparse(args, dtype) -> None:
               f"create_block_mask {mask_ms:.2f} ms")
         for head_dim, head_dim_v in args.head_dims:
             bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v, compiled,
-                                   own_causal=mask_mod is causal)
+                                   own_causal=mask_mod.__name__ == "causal")
 
 
 def bench_flex_sparse_case(args, dtype, block_mask, pairs, head_dim, head_dim_v, compiled, own_causal):
