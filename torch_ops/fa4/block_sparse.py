@@ -171,8 +171,8 @@ def _tile_bits(block_mask, kinds, where, tile, transposed) -> torch.Tensor:
     out[0] = 0
     # Bit i of a word is element 32w + i: the words are sums of distinct powers of two, bit 31's
     # weight -2^31, so an int32 sum is exact (no partial sum leaves int32's range). One level in
-    # int32, not bytes, then int64 words, then wrapped to int32: under torch.compile the chunk's
-    # mask_mod, tests and packing then fuse into one kernel that writes the words.
+    # int32: bytes, then int64 words, then wrapped to int32 were three kernels per chunk under
+    # torch.compile, plus a copy into the slots.
     weights = torch.tensor([1 << i for i in range(BITS_PER_WORD - 1)] + [-(1 << (BITS_PER_WORD - 1))],
                            dtype=torch.int32, device=dev)
     mask_mod = block_mask.mask_mod
