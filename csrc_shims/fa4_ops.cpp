@@ -731,8 +731,11 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   std::string untraced;
   bool traced = tune.trace_path != nullptr;
   if (traced && capturing(stream)) traced = false, untraced = "captured into a CUDA graph (tracing waits for the kernel)";
+  // A KV cache's kernels have one mask kind, the window (catalog.KV_CACHE_MASKS): no mask and causal
+  // reach them as windows with unbounded sides. The heuristics below still see the call's kind.
+  const int32_t variant_mask = cache ? FA4_MASK_LOCAL : mask.kind;
   auto candidates = [&](bool trace) {
-    return find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD,
+    return find_variants(dev, q.scalar_type(), d, dv, variant_mask, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD,
                          FA4_SCORE_NONE, cache != nullptr, trace);
   };
   Candidates c = candidates(traced);
@@ -741,7 +744,7 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
     untraced = "no trace variant of this kernel is built (the wheel ships bf16 head_dim 64 and 128 without a mask "
                "or causal; a build with FA4_TRACE_VARIANTS=all has one for every dense, packed and KV-cache forward)";
   }
-  if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_FWD);
+  if (c.family[FA4_TILES_REGULAR] < 0) unsupported(dev, q, d, dv, variant_mask, softcap > 0.0, FA4_KERNEL_FWD);
   phases.mark("select");
   q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
   phases.mark("tma_ready");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of KV-cache decoding builds (libs under build/ab/<version>/, e.g. one variant each:
-# FA4_VARIANTS=bf16,d128x128,none_kvcache): per version, a float64 check over cache lengths and
+# FA4_VARIANTS=bf16,d128x128,local_kvcache): per version, a float64 check over cache lengths and
 # split counts, then scripts/decode_profile.py's per-call graph time per shape; versions in the
 # order given (repeat one to see drift).
 #   run (device tool) with carry ["build/ab/A", "build/ab/B"]:  bash scripts/decode_ab.sh A B A

@@ -25,11 +25,15 @@ TENSOR_SCORE_MODS = ("bias", "bias16")  # the kinds that read a bias tensor
 SCORE_MODS = ("alibi", "relbias") + TENSOR_SCORE_MODS
 # KV-cache forwards (fa4.attention_with_kvcache; src/fa4_kernels/kv_cache.py): K/V through a page
 # table (a contiguous cache is one page per sequence), appended rows written by the kernel. Dense
-# query batches, every head dim, mask and softcap; regular tiles.
-KV_CACHE_MASKS = MASKS
+# query batches, every head dim and softcap; regular tiles. One mask kind, the window: no mask and
+# causal are windows whose sides are unbounded (fa4_resolve_mask), so the masks are run-time
+# arguments here (the decoding calls they serve are bound by memory, not by the mask's compares;
+# measured in docs/perf_notes.md, "KV-cache masks at run time").
+KV_CACHE_MASKS = ("local",)
 # Trace variants (fa4.trace; src/fa4_kernels/trace.py): forwards that also record a timeline of
 # their tiles. The wheel ships them for these keys (dense, packed and KV-cache, with every tile
-# family built for them); a build with FA4_TRACE_VARIANTS=all adds one beside every dense, packed and
+# family built for them; the KV cache's one mask kind stands for all three); a build with
+# FA4_TRACE_VARIANTS=all adds one beside every dense, packed and
 # KV-cache forward.
 TRACE_DTYPES = ("bf16",)
 TRACE_HEAD_DIMS = ((64, 64), (128, 128))
@@ -100,7 +104,7 @@ def traceable(key: VariantKey) -> bool:
 def shipped_trace(key: VariantKey) -> bool:
     """Whether the wheel ships ``key``'s trace twin (TRACE_*)."""
     return (traceable(key) and key.dtype in TRACE_DTYPES and (key.head_dim, key.head_dim_v) in TRACE_HEAD_DIMS
-            and key.mask in TRACE_MASKS and not key.softcap)
+            and (key.kv_cache or key.mask in TRACE_MASKS) and not key.softcap)
 
 
 def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:

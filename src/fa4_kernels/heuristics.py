@@ -219,18 +219,18 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     3703 | 3434 and 1 x 32k 2377 | 2394 against SDPA's 4469 | 4461 and 3245 | 3542). Otherwise
     the dense kernel's choices for the head dims."""
     assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
+    assert key.mask in catalog.KV_CACHE_MASKS, "KV-cache calls take their window at run time"
     dense = fwd_config(replace(key, kv_cache=False))
     # The epilogue's addresses per tile: held across the K/V loop, one of them spilled (hd128).
-    # Causal too is scheduled statically with the split tail (sm90/fwd.py): speculative
-    # verification's few tiles then spread over the GPU like a decoding step's. The split's
-    # tiles store their LSE rows as the unmasked kernels do (the bulk copy is the dynamic ones').
-    # hd192x192's causal tiles rebuild the static schedule per tile: its split share, held
-    # across the role split, spilled both roles (17 words in the SASS); hd256's spill 6 words
-    # rebuilding it and none holding it (read off each variant's SASS).
-    cfg = replace(dense, tile_m=64, skip_dead_blocks=False,
-                  rebuild_schedule=key.head_dim_v == 192 and key.mask == "causal",
-                  epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=key.mask != "local",
-                  lse_bulk_store=key.mask == "local")
+    # Every window is scheduled statically with the split tail (sm90/fwd.py): decoding and
+    # speculative verification's few tiles then spread over the GPU, and a window's tiles are of
+    # equal length anyway. The split's tiles store their LSE rows as the unmasked kernels do (the
+    # bulk copy is the dynamic ones'). hd192x192 and hd256 rebuild the static schedule per tile:
+    # held, it spilled their consumers with the window's values beside it (hd256 with softcap 37
+    # words, hd192x192's causal kernel before this one 17; read off each variant's SASS, with the
+    # one-warpgroup register split of sm90/fwd.py).
+    cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=key.head_dim_v >= 192,
+                  epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=True, lse_bulk_store=False)
     cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key), pdl=True)
     return place_buffers(cfg, key.head_dim, key.head_dim_v)
 

@@ -216,23 +216,26 @@ def test_epilogue_addresses_per_tile_under_the_dynamic_schedule():
 
 def test_schedule_rebuilt_per_tile_only_where_the_registers_need_it():
     # hd128's long tiles spilled 2-3 of the static schedule's held values with the guessed row
-    # max, and hd192x192's causal KV-cache tiles 17 words; elsewhere the precomputed divisors
+    # max, and the KV-cache kernels of hd192x192 and hd256 up to 37 words; elsewhere the precomputed divisors
     # keep the consumers' tile boundary short.
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         expected = ((key.tiles == "long" and cfg.speculative_max and cfg.split_tail)
-                    or (key.kv_cache and key.mask == "causal" and key.head_dim_v == 192))
+                    or (key.kv_cache and key.head_dim_v >= 192))
         assert cfg.rebuild_schedule == expected, key.name
         assert not cfg.rebuild_schedule or cfg.split_tail, key.name  # the static schedule only
 
 
-def test_kv_cache_causal_tiles_split_statically():
-    # Speculative verification's few causal tiles spread over the GPU like a decoding step's:
-    # every KV-cache variant but the local window's runs the static schedule with the split tail.
+def test_kv_cache_tiles_split_statically():
+    # Decoding's and speculative verification's few tiles spread over the GPU: every KV-cache
+    # variant (one per dtype, head dims and softcap: the window is a run-time argument) runs the
+    # static schedule with the split tail, its LSE rows stored as the unmasked kernels do.
     for key in forward_variants():
         if key.kv_cache:
             cfg = heuristics.fwd_config(key)
-            assert cfg.split_tail == (key.mask != "local") and cfg.lse_bulk_store == (key.mask == "local"), key.name
+            assert key.mask == "local" and cfg.split_tail and not cfg.lse_bulk_store, key.name
+    with pytest.raises(AssertionError, match="window at run time"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, kv_cache=True))
 
 
 def test_split_merges_with_helpers_in_pairs_and_kv_cache_launches_programmatically():
@@ -243,7 +246,7 @@ def test_split_merges_with_helpers_in_pairs_and_kv_cache_launches_programmatical
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         assert cfg.merge_helpers == (cfg.split_tail and key.head_dim_v <= 128), key.name
-        assert cfg.merge_pairs == (key.kv_cache and key.mask != "local" and key.head_dim_v <= 128), key.name
+        assert cfg.merge_pairs == (key.kv_cache and key.head_dim_v <= 128), key.name
         assert not cfg.merge_pairs or cfg.merge_helpers, key.name
         assert cfg.pdl == key.kv_cache, key.name
 
@@ -256,10 +259,10 @@ def test_early_q_release_only_for_the_short_tiles():
 
 def test_lse_bulk_store_for_masked_variants_and_counted_in_shared_memory():
     # Measured +0.5-1.6% causal, 0 to -1% without a mask (docs/perf_notes.md); the KV cache's
-    # causal tiles are split statically like unmasked ones (test_kv_cache_causal_tiles_split_statically).
+    # tiles are split statically like unmasked ones (test_kv_cache_tiles_split_statically).
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
-        masked = key.mask == "local" if key.kv_cache else key.mask != "none"
+        masked = key.mask != "none" and not key.kv_cache
         assert cfg.lse_bulk_store == masked, key.name
         without = dataclasses.replace(cfg, lse_bulk_store=False)
         extra = cfg.smem_bytes(key.head_dim, key.head_dim_v) - without.smem_bytes(key.head_dim, key.head_dim_v)
@@ -296,7 +299,8 @@ def test_tile_families_are_dense_variants_beside_a_regular_one():
 def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
     # One consumer warpgroup (64-row tiles): a decoding tile holds one row per packed head, and
     # 128-row tiles' padding made a block's GEMMs and exponentials as long as its load
-    # (heuristics.kv_cache_fwd_config). Every head dim, dtype, mask and softcap; forward only.
+    # (heuristics.kv_cache_fwd_config). Every head dim, dtype and softcap, one mask kind (the window,
+    # taken at run time); forward only.
     kv = [v for v in catalog.all_variants() if v.kv_cache and not v.trace]
     want = {(d, hd, hdv, mask, sc) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
             for mask in catalog.KV_CACHE_MASKS for sc in (False, True)}
@@ -305,5 +309,5 @@ def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
         assert key.kernel == "fwd" and not key.varlen and key.tiles == "regular" and key.name.endswith("_kvcache")
         cfg = heuristics.fwd_config(key)
         dense = heuristics.fwd_config(dataclasses.replace(key, kv_cache=False))
-        assert (cfg.tile_m, cfg.tile_n, cfg.split_tail) == (64, dense.tile_n, key.mask != "local"), key.name
+        assert (cfg.tile_m, cfg.tile_n, cfg.split_tail) == (64, dense.tile_n, True), key.name
         assert cfg.tile_n % 16 == 0  # whole 16-row page boxes (kv_cache.CHUNK_ROWS)

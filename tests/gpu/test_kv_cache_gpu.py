@@ -14,6 +14,7 @@ import torch
 import fa4
 from fa4 import _native
 from fa4.testing import lse_error, naive_attention, rel_error
+from fa4_kernels import catalog
 
 from ..conftest import requires_hopper
 from .test_fwd_gpu import poison_allocator, sdpa_math_error
@@ -23,11 +24,11 @@ pytestmark = [pytest.mark.gpu, requires_hopper]
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def require_variant(dtype, d, dv, causal, window, softcap, seqlen_q=2):
-    """Skip where this build lacks the variant the call runs (a single causal query row runs the
-    unmasked one)."""
-    mask = "causal" if causal and seqlen_q > 1 else ("local" if window != (-1, -1) and not causal else "none")
-    name = (f"fa4_fwd_sm_90a_{DTYPE_NAMES[dtype]}_d{d}x{dv}_{mask}{'_softcap' if softcap else ''}_kvcache")
+def require_variant(dtype, d, dv, softcap):
+    """Skip where this build lacks the kernel the call runs: one per dtype, head dims and softcap,
+    the mask a window given at run time (catalog.KV_CACHE_MASKS)."""
+    (mask,) = catalog.KV_CACHE_MASKS
+    name = catalog.VariantKey("sm_90a", DTYPE_NAMES[dtype], d, dv, mask, softcap > 0, kv_cache=True).name
     if name not in _native.variant_index():
         pytest.skip(f"{name} is not in this build")
 
@@ -79,7 +80,7 @@ def poison_past_the_end(k, v, table, index, lengths):
 
 def run(b, sq, hq, hkv, d, dv, lengths, seqlen_new, page_size, capacity, *, causal=True, window=(-1, -1),
         softcap=0.0, dtype=torch.bfloat16, seed=0, num_splits=0):
-    require_variant(dtype, d, dv, causal, window, softcap, sq)
+    require_variant(dtype, d, dv, softcap)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     k_cache, v_cache, table, index = make_cache(b, capacity, hkv, d, dv, page_size, dtype, gen)
     final = [n + seqlen_new for n in lengths]
@@ -195,7 +196,7 @@ def test_speculative_verification_splits(sq):
 
 
 def test_cuda_graph_replays_with_new_lengths_and_tables():
-    require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
+    require_variant(torch.bfloat16, 128, 128, 0.0)
     gen = torch.Generator(device="cuda").manual_seed(1)
     b, hq, hkv, d, page, max_pages = 2, 8, 2, 128, 64, 16
     k_cache = torch.randn(b * max_pages, page, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -219,7 +220,7 @@ def test_cuda_graph_replays_with_new_lengths_and_tables():
 def test_cuda_graph_of_split_decoding_replays_without_a_memset():
     # The split flags of a captured call are zeroed at capture, outside the graph, and every
     # kernel leaves them zero: replays run the kernels alone, and stay right replay after replay.
-    require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
+    require_variant(torch.bfloat16, 128, 128, 0.0)
     gen = torch.Generator(device="cuda").manual_seed(4)
     k_cache, v_cache = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
                         for _ in range(2))
@@ -243,7 +244,7 @@ def test_cuda_graph_of_split_decoding_replays_without_a_memset():
 
 
 def test_compile_keeps_the_append():
-    require_variant(torch.bfloat16, 128, 128, False, (-1, -1), 0.0)
+    require_variant(torch.bfloat16, 128, 128, 0.0)
     gen = torch.Generator(device="cuda").manual_seed(2)
     b, hq, hkv, d, capacity = 2, 8, 2, 128, 512
     k_cache = torch.randn(b, capacity, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -264,7 +265,7 @@ def test_compile_keeps_the_append():
 
 
 def test_flash_attn_signature():
-    require_variant(torch.bfloat16, 128, 128, True, (-1, -1), 0.0)
+    require_variant(torch.bfloat16, 128, 128, 0.0)
     gen = torch.Generator(device="cuda").manual_seed(3)
     k_cache = torch.randn(2, 256, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     v_cache = torch.randn_like(k_cache)

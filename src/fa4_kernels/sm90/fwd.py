@@ -76,10 +76,14 @@ from fa4_kernels.tile_scheduler import (
 )
 
 # Register budget per thread after setmaxnreg, by number of consumer warpgroups: what the
-# launch allocates (64K registers / threads, in steps of 8) less the producer's 24. Four
-# consumer warpgroups launch at 96 per thread (640 threads), so 24 * 128 + 112 * 512 is the most.
-PRODUCER_REGS = 24
-CONSUMER_REGS = {1: 240, 2: 240, 3: 160, 4: 112}
+# launch allocates (64K registers / threads, in steps of 8), the producer's share and the
+# consumers'. Four consumer warpgroups launch at 96 per thread (640 threads), so 24 * 128 + 112 *
+# 512 is the most. With one (the KV cache's kernels) a third of the file would go unused: its
+# producer keeps room for the scheduler's and the window's values (at 24 it spilled 3 words in
+# hd256's kernel) and its consumers take the most setmaxnreg gives (at 240 hd192x192's and
+# hd256's kernels with softcap spilled 34 and 67 words).
+PRODUCER_REGS = {1: 64, 2: 24, 3: 24, 4: 24}
+CONSUMER_REGS = {1: 256, 2: 240, 3: 160, 4: 112}
 STORE_WARP = 4  # first consumer warp: issues the TMA store of a whole O tile
 PV_WAIT_AFTER_EXP = 3  # pv_wait "first_exps": the P @ V wait follows row 0's 4th exponential
 
@@ -149,11 +153,12 @@ class FlashAttentionForwardSm90:
         self.rescale_threshold = rescale_threshold
         self.num_consumer_wg = tile_m // ROWS_PER_WG
         self.num_threads = THREADS_PER_WG * (1 + self.num_consumer_wg)
-        # Masked tiles and packed sequences differ in length: balance them dynamically. Causal
-        # tiles against a KV cache go out statically instead, so that the split tail can spread
-        # a few query rows' long K/V range over the GPU (speculative verification: as few tiles
-        # as a decoding step); their lengths differ by at most the query chunk's own keys.
-        self.dynamic_schedule = (is_causal and not kv_cache) or is_local or is_varlen or block_sparse
+        # Masked tiles and packed sequences differ in length: balance them dynamically. Tiles
+        # against a KV cache (whose one mask kind is the window, with no mask and causal as
+        # unbounded sides) go out statically instead, so that the split tail can spread a few
+        # query rows' long K/V range over the GPU (decoding, speculative verification: as few
+        # tiles as SMs or fewer); their lengths differ by at most the query chunk's own keys.
+        self.dynamic_schedule = ((is_causal or is_local) and not kv_cache) or is_varlen or block_sparse
         # Equal tiles go out statically; the last round's tiles may then be split into pieces
         # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
         self.split_tail = split_tail
@@ -579,7 +584,7 @@ class FlashAttentionForwardSm90:
         o_free_mbar = storage.mbar_O.data_ptr()
 
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS[self.num_consumer_wg])
             if warp_idx == 0:
                 self.load(
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
@@ -1167,12 +1172,14 @@ class FlashAttentionForwardSm90:
         n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
         if const_expr(self.split_tail):
             if const_expr(self.kv_cache):
-                # Pieces of the capacity's blocks, scaled onto this sequence's: every CTA of the
-                # split gets its share of the keys the sequence holds. A piece left empty visits
-                # one block past the sequence, all masked (zeros loaded): a partial with no weight.
+                # Pieces of the capacity's blocks, scaled onto the blocks this tile sees of its
+                # sequence (a window's start on): every CTA of the split gets its share of them.
+                # A piece left empty visits one block past the sequence, all masked (zeros
+                # loaded): a partial with no weight.
                 n_seq = n_block_max
-                kv_lo, kv_hi = scale_piece(kv_lo, kv_hi, n_seq, cute.ceil_div(seqlen_k_bound, self.tile_n))
-                n_block_min, n_block_max = cutlass.max(n_block_min, kv_lo), cutlass.min(n_block_max, kv_hi)
+                kv_lo, kv_hi = scale_piece(kv_lo, kv_hi, n_block_max - n_block_min,
+                                           cute.ceil_div(seqlen_k_bound, self.tile_n))
+                n_block_min, n_block_max = n_block_min + kv_lo, n_block_min + kv_hi
                 empty = cutlass.min(cutlass.max(n_block_min - n_block_max + 1, 0), 1)
                 n_block_min = n_block_min + empty * (n_seq - n_block_min)
                 n_block_max = n_block_max + empty * (n_seq + 1 - n_block_max)
