@@ -187,6 +187,17 @@ def test_explicit_split_counts(num_splits):
     assert launch["tail_ctas"] == (0 if num_splits == 1 else 8 * min(num_splits, sms // 8)), launch
 
 
+@pytest.mark.parametrize("num_splits", [0, 3, 40])
+@pytest.mark.parametrize("window", [(300, 0), (1000, 64)])
+def test_window_splits(window, num_splits):
+    # A window's decoding tiles are split too (the static schedule of every KV-cache call): the
+    # pieces share the blocks the tile's rows see, from the window's first on; with many pieces
+    # most are empty (one masked block past the sequence each, no weight in the merge).
+    run(1, 1, 32, 8, 128, 128, [2900], 1, 64, 6144, causal=False, window=window, num_splits=num_splits)
+    assert _native.last_launch("fwd")["tail_ctas"] > 0
+    run(2, 2, 32, 8, 128, 128, [5000, 40], 2, None, 6144, causal=False, window=window, num_splits=num_splits)
+
+
 @pytest.mark.parametrize("sq", [4, 8])
 def test_speculative_verification_splits(sq):
     # A few causal query rows against a long cache: the same split as one token (static schedule).

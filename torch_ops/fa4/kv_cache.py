@@ -181,10 +181,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     token sees its whole sequence). ``num_splits``: 0 lets fa4 cut each sequence's K/V range
     into pieces over the GPU when its tiles would not fill it; 1 never splits; n > 1 cuts every
     tile of the schedule's last round into n pieces (n + 1 where a CTA's share straddles two
-    tiles), as far as one piece per SM and one K/V block per piece go (without a mask or causal
-    only; a local window runs unsplit). Returns out (batch, seqlen_q,
-    heads_q, d_v), and lse (batch, heads_q, seqlen_q) fp32 with ``return_lse``. Inference only:
-    no gradient flows through the cache."""
+    tiles), as far as one piece per SM and one K/V block per piece go (a window's pieces share
+    the blocks its rows see). Returns out (batch, seqlen_q, heads_q, d_v), and lse (batch,
+    heads_q, seqlen_q) fp32 with ``return_lse``. Inference only: no gradient flows through the
+    cache."""
     if q.dim() != 4:
         raise ValueError(f"q must be (batch, seqlen_q, heads_q, head_dim); got {tuple(q.shape)}")
     if isinstance(cache_seqlens, int):
