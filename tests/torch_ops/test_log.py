@@ -7,7 +7,7 @@ def test_tile_family_from_the_variant_name():
     assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_none_longseq") == "long"
     assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_none_longseq_softcap") == "long"
     assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d256x256_causal") == "regular"
-    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_none_kvcache") == "regular"
+    assert log.tile_family_of("fa4_fwd_sm_90a_bf16_d128x128_local_kvcache") == "regular"
 
 
 def test_a_forced_family_that_did_not_run_is_explained(monkeypatch):
