@@ -731,9 +731,9 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   std::string untraced;
   bool traced = tune.trace_path != nullptr;
   if (traced && capturing(stream)) traced = false, untraced = "captured into a CUDA graph (tracing waits for the kernel)";
-  // A KV cache's kernels have one mask kind, the window (catalog.KV_CACHE_MASKS): no mask and causal
+  // A KV cache's kernels have one mask kind, the window (fa4_kv_cache_mask): no mask and causal
   // reach them as windows with unbounded sides. The heuristics below still see the call's kind.
-  const int32_t variant_mask = cache ? FA4_MASK_LOCAL : mask.kind;
+  const int32_t variant_mask = cache ? fa4_kv_cache_mask : mask.kind;
   auto candidates = [&](bool trace) {
     return find_variants(dev, q.scalar_type(), d, dv, variant_mask, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD,
                          FA4_SCORE_NONE, cache != nullptr, trace);

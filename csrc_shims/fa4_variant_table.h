@@ -83,6 +83,9 @@ extern const fa4_variant fa4_variants[];
 extern const int32_t fa4_variant_count;
 /* The backward statistics' padding unit in rows (fa4_kernels.heuristics.STATS_BLOCK_ROWS). */
 extern const int32_t fa4_stats_block_rows;
+/* The one mask kind of the KV-cache forwards (fa4_kernels.catalog.KV_CACHE_MASKS): every KV-cache
+   call runs it, its own mask given as a window. */
+extern const int32_t fa4_kv_cache_mask;
 /* The trace records' layout (fa4_kernels.trace): the semaphores words of the record counter, the
    first record's word, the capacity in records and the round-robin switch; the words per record,
    their names and the flag bits ("name=bit,..."). */

@@ -95,6 +95,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "params->tail_ctas, params->page_size, params->seqlen_new, stream" in c
     assert "fa4_variant_count = 1;" in c
     assert "fa4_stats_block_rows = 128;" in c
+    assert "fa4_kv_cache_mask = FA4_MASK_LOCAL;" in c  # catalog.KV_CACHE_MASKS, the native lookup's
 
 
 def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
