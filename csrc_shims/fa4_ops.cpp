@@ -1134,12 +1134,15 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   const int64_t d = q.size(lead ? 2 : 3), sk = k.size(lead ? 0 : 1), dv = v.size(lead ? 2 : 3);
   if (sparse) mask = fa4_mask{FA4_MASK_SPARSE, 0, 0};
   else if (!varlen) mask = fa4_effective_mask(mask, sq, sk);  // as the forward ran
+  // Causal calls run the window kernel (fa4_bwd_causal_mask) with their window (unbounded left side,
+  // fa4_resolve_mask); the rules below still see the call's kind.
+  const int32_t variant_mask = mask.kind == FA4_MASK_CAUSAL ? fa4_bwd_causal_mask : mask.kind;
   Candidates main_c =
-      find_variants(dev, q.scalar_type(), d, dv, mask.kind, softcap > 0.0, varlen, FA4_KERNEL_BWD, score_kind);
+      find_variants(dev, q.scalar_type(), d, dv, variant_mask, softcap > 0.0, varlen, FA4_KERNEL_BWD, score_kind);
   Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, varlen, FA4_KERNEL_BWD_PRE);
   Candidates post_c = find_variants(dev, q.scalar_type(), 0, 0, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_POST);
   if (main_c.family[0] < 0 || pre_c.family[0] < 0 || post_c.family[0] < 0)
-    unsupported(dev, q, d, dv, mask.kind, softcap > 0.0, FA4_KERNEL_BWD);
+    unsupported(dev, q, d, dv, variant_mask, softcap > 0.0, FA4_KERNEL_BWD);
   const fa4_variant &main_v = fa4_variants[main_c.family[0]], &pre_v = fa4_variants[pre_c.family[0]];
   if (sparse)
     FA4_VALUE(sparse->tile_m == main_v.tile_m && sparse->tile_n == main_v.tile_n,
@@ -1229,7 +1232,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   }
   fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
-                        varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first};
+                        varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first,
+                        fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, tune.bwd_launch_group)};
   phases.mark("workspace");
   {
     DeviceGuard guard(device);

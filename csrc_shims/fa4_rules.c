@@ -391,6 +391,28 @@ int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_f
   return (override == 1 || store_first) ? (int32_t)num_n_blocks : 0;
 }
 
+/* The causal backward's launch order (sm90/bwd.py; its window kernel serves causal calls): K/V
+ * block n visits the query blocks from n on, so the low blocks are the long CTAs, and in the grid's
+ * order (each (batch, head) pair's blocks, longest first, one pair after another) the last pairs'
+ * longest blocks start in the last wave. In groups of this many pairs block n of every pair of a
+ * group goes before block n + 1. Measured (H100, bf16 16k tokens, fa4.bench --backward, causal,
+ * fwd+bwd TFLOP/s, two rounds, grid's order -> groups of 4 / 8 / 16): GQA 32/8 heads at 4 x 4k
+ * 519-525 -> 563-570 / 540-541 / 525 (MHA 32/32 at equal FLOPs 549-560 -> 562-564 / 541-558 /
+ * 559); hd128 1k 374-376 -> 376 / 375-376 / 374, 4k 558 -> 567-576 / 576-580 / 569, 16k 611-615
+ * -> 607-609 / 609-615 / 595; hd256 4k 454-455 -> 459-461 / 450-451 / 424, 16k 507 -> 506-511 /
+ * 496-500 / 494; hd64 within 2% either way. Every pair at once (no groups): hd128 4k 336 (the
+ * CTAs then share no Q/dO in L2). Packed sequences keep the grid's order: their pairs differ in
+ * length (groups of 8: 8 documents -1 to -2%); so do windows (their blocks' visits are about
+ * equal) and deterministic calls (their dQ turns follow the grid's order). override: FA4_AUTO,
+ * else the group size (0: the grid's order) for every causal call of a dense batch. */
+#define BWD_CAUSAL_LAUNCH_GROUP 4
+const int32_t fa4_rule_bwd_causal_launch_group = BWD_CAUSAL_LAUNCH_GROUP;
+
+int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override) {
+  if (mask_kind != FA4_MASK_CAUSAL || varlen || deterministic) return 0;
+  return override == FA4_AUTO ? BWD_CAUSAL_LAUNCH_GROUP : override;
+}
+
 /* Query rows, from row 0, that see no key: with the bottom-right alignment row i's last key is
  * i + seqlen_k - seqlen_q + window_right, so the first seqlen_q - seqlen_k - window_right rows
  * see none (none without a right bound: unmasked and local windows reaching past it). */
@@ -409,7 +431,8 @@ extern char **environ;
 /* The value of FA4_<suffix> in one scan of the environment (the operators read the tuning
  * settings on every call: one pass over environ instead of a getenv per setting). */
 typedef struct {
-  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *trace, *trace_schedule;
+  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *bwd_launch_group, *trace,
+      *trace_schedule;
 } tuning_text;
 
 static void scan_environment(tuning_text *out) {
@@ -421,7 +444,8 @@ static void scan_environment(tuning_text *out) {
       {"L2_SWIZZLE_MB=", offsetof(tuning_text, l2_swizzle_mb)}, {"PERSISTENT=", offsetof(tuning_text, persistent)},
       {"TILES=", offsetof(tuning_text, tiles)}, {"SPLIT_TAIL=", offsetof(tuning_text, split_tail)},
       {"BWD_STORE_FIRST=", offsetof(tuning_text, bwd_store_first)},
-      {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)}, {"TRACE=", offsetof(tuning_text, trace)},
+      {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)},
+      {"BWD_LAUNCH_GROUP=", offsetof(tuning_text, bwd_launch_group)}, {"TRACE=", offsetof(tuning_text, trace)},
       {"TRACE_SCHEDULE=", offsetof(tuning_text, trace_schedule)},
   };
   for (char **entry = environ; entry && *entry; entry++) {
@@ -453,6 +477,15 @@ int32_t fa4_read_tuning(fa4_tuning *out) {
   out->split_tail = read_switch(text.split_tail);
   out->bwd_store_first = read_switch(text.bwd_store_first);
   out->bwd_rotate = read_switch(text.bwd_rotate);
+  const char *group = text.bwd_launch_group;
+  out->bwd_launch_group = FA4_AUTO;
+  if (group != NULL && group[0] != '\0') {
+    char *end;
+    long value = strtol(group, &end, 10);
+    if (*end != '\0' || value < 0 || value > 1024)
+      return refuse("FA4_BWD_LAUNCH_GROUP must be a number of (batch, head) pairs from 0 to 1024; got '%s'", group);
+    out->bwd_launch_group = (int32_t)value;
+  }
   const char *tiles = text.tiles;
   out->tiles = FA4_AUTO;
   if (tiles != NULL && tiles[0] != '\0') {

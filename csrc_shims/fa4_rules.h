@@ -73,6 +73,9 @@ int32_t fa4_bwd_store_first(int32_t varlen, int64_t num_n_blocks, double blocks_
                             int32_t override);
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
                        int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override);
+/* The causal backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's
+ * order); override FA4_AUTO or a group size (FA4_BWD_LAUNCH_GROUP). */
+int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override);
 int64_t fa4_keyless_rows(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
 /* Rows of the backward's padded statistics: dense (num_seqs < 0) ceil(total_q / block) blocks,
  * packed sequences num_seqs + 1 blocks more (each sequence starts on a block). */
@@ -88,6 +91,7 @@ typedef struct {
   int32_t split_tail;        /* FA4_SPLIT_TAIL */
   int32_t bwd_store_first;   /* FA4_BWD_STORE_FIRST */
   int32_t bwd_rotate;        /* FA4_BWD_ROTATE */
+  int32_t bwd_launch_group;  /* FA4_BWD_LAUNCH_GROUP: pairs per group, >= 0 */
   /* FA4_TRACE_SCHEDULE: traced calls of dynamically scheduled variants deal their tiles
      round-robin ("static": 1) or claim them as usual ("dynamic": 0). */
   int32_t trace_schedule;

@@ -308,7 +308,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if ((status = ready_on_current_device(index))) return status;
 
   last_launch[FA4_KERNEL_FWD] = (fa4_launch){index, params->pack_gqa, params->tail_ctas, params->heads_per_group,
-                                             params->num_sms, 0, 0, 0, semaphores->data, semaphores->shape[0]};
+                                             params->num_sms, 0, 0, 0, 0, semaphores->data, semaphores->shape[0]};
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
                              seq_order, sparse_counts, sparse_blocks, sparse_bits, score_params, page_table,
                              k_new, v_new, params, (cudaStream_t)stream);
@@ -383,6 +383,12 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 "(b, hq, ceil(seqlen_q / %d)) int32", variant->tile_m);
   if (num_seqs > 65535 || hk > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
+  /* Launch groups reorder the CTAs of one grid: window variants of dense batches only, and never
+     with deterministic turns (they follow the grid's order). */
+  if (params->launch_group < 0 || params->launch_group > 1024 ||
+      (params->launch_group > 0 && (variant->mask != FA4_MASK_LOCAL || varlen || params->deterministic)))
+    return fail(FA4_ERR_BAD_TENSOR, "launch_group: 0, or 1..1024 pairs for a window variant of a dense batch "
+                "without deterministic mode");
   fa4_tensor unused_table = {dq_semaphore->data, 4, {1, 1, 1, 1}, {1, 1, 1, 1}};
   fa4_tensor unused_bits = {dq_semaphore->data, 1, {1}, {1}};
   if (variant->mask == FA4_MASK_SPARSE) {
@@ -409,7 +415,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if ((status = ready_on_current_device(index))) return status;
 
   last_launch[FA4_KERNEL_BWD] = (fa4_launch){index, 1, 0, 0, 0, params->store_first, params->rotate,
-                                             params->deterministic, dq_semaphore->data, dq_semaphore->shape[0]};
+                                             params->deterministic, params->launch_group, dq_semaphore->data,
+                                             dq_semaphore->shape[0]};
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
                              seqused_k, dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, score_params,
                              score_grad, params, (cudaStream_t)stream);

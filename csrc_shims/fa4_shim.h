@@ -63,6 +63,8 @@ typedef struct {
   int32_t deterministic; /* 1: add into each query block's dQ rows in K/V-block order (dq_semaphore) */
   int32_t rotate;        /* 1: no mask, each K/V block starts at its own query block (src/fa4_kernels/sm90/bwd.py) */
   int32_t store_first;   /* 1: dq_accum not zeroed: a query block's first K/V block stores (dense only) */
+  int32_t launch_group;  /* > 0: local variants of dense batches, not deterministic: the CTAs launch in groups of
+                            this many (batch, head) pairs (fa4_bwd_launch_group); 0: the grid's order */
 } fa4_bwd_params;
 
 typedef struct {
@@ -177,6 +179,7 @@ typedef struct {
   int32_t store_first;     /* backward */
   int32_t rotate;          /* backward */
   int32_t deterministic;   /* backward */
+  int32_t launch_group;    /* backward */
   void *semaphores;        /* forward: semaphores; backward: dq_semaphore */
   int64_t semaphore_words; /* its first dimension */
 } fa4_launch;

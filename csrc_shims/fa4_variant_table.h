@@ -86,6 +86,9 @@ extern const int32_t fa4_stats_block_rows;
 /* The one mask kind of the KV-cache forwards (fa4_kernels.catalog.KV_CACHE_MASKS): every KV-cache
    call runs it, its own mask given as a window. */
 extern const int32_t fa4_kv_cache_mask;
+/* The mask kind of the backward kernels that serve causal calls (fa4_kernels.catalog.BWD_MASKS): the
+   window's, the call's window given as it is. */
+extern const int32_t fa4_bwd_causal_mask;
 /* The trace records' layout (fa4_kernels.trace): the semaphores words of the record counter, the
    first record's word, the capacity in records and the round-robin switch; the words per record,
    their names and the flag bits ("name=bit,..."). */

@@ -56,10 +56,6 @@ def env_settings() -> dict:
         # Forward kernels computing this many of every 8 probabilities on the FMA pipe instead of
         # the heuristics' share (heuristics.FwdConfig.exp2_fma); None: the heuristics'.
         "exp2_fma": int(os.environ["FA4_EXP2_FMA"]) if os.environ.get("FA4_EXP2_FMA", "") else None,
-        # Causal backward kernels launching in groups of this many (batch, head) pairs (0: the
-        # grid's order) instead of the heuristics' (heuristics.BwdConfig.launch_group); None: theirs.
-        "bwd_launch_group": (int(os.environ["FA4_BWD_LAUNCH_GROUP"]) if os.environ.get("FA4_BWD_LAUNCH_GROUP", "")
-                             else None),
         # Which forwards get a trace twin (catalog.all_variants): the shipped set, or "all".
         "trace_variants": _trace_choice(os.environ.get("FA4_TRACE_VARIANTS", "") or "shipped"),
     }
@@ -76,16 +72,11 @@ def build_config(key: catalog.VariantKey):
     build-time overrides of env_settings applied."""
     cfg = heuristics.kernel_config(key)
     settings = env_settings()
-    share, group = settings["exp2_fma"], settings["bwd_launch_group"]
+    share = settings["exp2_fma"]
     if key.kernel == "fwd" and share is not None:
         if not 0 <= share <= 8:
             raise ValueError(f"FA4_EXP2_FMA={share}: the probabilities per 8 on the FMA pipe, 0 to 8")
         cfg = replace(cfg, exp2_fma=share)
-    if key.kernel == "bwd" and key.mask == "causal" and not key.varlen and group is not None:
-        if group < 0:
-            raise ValueError(f"FA4_BWD_LAUNCH_GROUP={group}: (batch, head) pairs per launch group, 0 for "
-                             "the grid's order")
-        cfg = replace(cfg, launch_group=group)
     return cfg
 
 
@@ -261,12 +252,11 @@ def _compile_bwd(key: catalog.VariantKey):
     dtype, bshd, vector, stats = _fake_inputs(key)
     kernel = FlashAttentionBackwardSm90(
         dtype, key.head_dim, key.head_dim_v,
-        is_causal=key.mask == "causal", is_local=key.mask == "local", has_softcap=key.softcap,
+        is_local=key.mask == "local", has_softcap=key.softcap,
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, dq_split=cfg.dq_split,
         stats_block=heuristics.STATS_BLOCK_ROWS, is_varlen=key.varlen, layout=cfg.layout, dq_store=cfg.dq_store,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod,
         grad_address_per_tile=cfg.grad_address_per_tile, grad_window=cfg.grad_window, bias_waves=cfg.bias_waves,
-        launch_group=cfg.launch_group,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)
@@ -277,7 +267,7 @@ def _compile_bwd(key: catalog.VariantKey):
         dq_semaphore, *_sparse_tables(), _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None),
         _score_params(key.score_mod),
         Float32(1.0), Float32(0.0), Int32(0),
-        Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
+        Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
 
 
@@ -502,7 +492,7 @@ WRAPPER_SCALARS = {
     "fwd": ("softmax_scale", "softcap", "window_left", "window_right", "heads_per_group", "num_sms",
             "max_seqlen_q", "has_seqused_k", "pack_gqa", "tail_ctas", "page_size", "seqlen_new"),
     "bwd": ("softmax_scale", "softcap", "window_left", "window_right", "num_n_blocks", "has_seqused_k",
-            "deterministic", "rotate", "store_first"),
+            "deterministic", "rotate", "store_first", "launch_group"),
     "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks"),
     "bwd_post": (),
 }
@@ -586,6 +576,8 @@ def generate_table(keys) -> str:
     out.append(f"const int32_t fa4_stats_block_rows = {heuristics.STATS_BLOCK_ROWS};")
     (kv_mask,) = catalog.KV_CACHE_MASKS
     out.append(f"const int32_t fa4_kv_cache_mask = {MASK_CODES[kv_mask]};")
+    bwd_causal = "causal" if "causal" in catalog.BWD_MASKS else "local"
+    out.append(f"const int32_t fa4_bwd_causal_mask = {MASK_CODES[bwd_causal]};")
     out += trace_layout_c()
     out.append(f"_Static_assert({len(rows)} <= FA4_MAX_VARIANTS, \"raise FA4_MAX_VARIANTS\");")
     return "\n".join(out) + "\n"

@@ -44,6 +44,11 @@ TRACE_CHOICES = ("shipped", "all")
 KERNELS = ("fwd", "bwd", "bwd_pre", "bwd_post")
 # (head_dim, head_dim_v) with a backward kernel: all of them.
 BWD_HEAD_DIMS = HEAD_DIMS
+# The backward's main kernels, per mask kind: causal runs the window kernel with an unbounded left
+# side (fa4_resolve_mask). Its S^T tiles were masked by the same two compares per score either way
+# (mask.apply_transposed), and the causal launch order is a run-time choice (fa4_bwd_launch_group);
+# measured in docs/perf_notes.md, "The causal backward as a window".
+BWD_MASKS = ("none", "local")
 
 
 @dataclass(frozen=True, order=True)
@@ -140,7 +145,7 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")
         for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
-            archs, DTYPES, BWD_HEAD_DIMS, MASKS, (False, True), (False, True)
+            archs, DTYPES, BWD_HEAD_DIMS, BWD_MASKS, (False, True), (False, True)
         )
     ]
     # The preprocess depends on no mask or softcap: one per backward (dtype, head dims, varlen).

@@ -382,12 +382,6 @@ class BwdConfig:
     # Score_mods whose entries are loaded ("keys" layout): read where they are added, in this many
     # waves (score_mod.ScoreBias.add), each after the one before has landed.
     bias_waves: int = 4
-    # Causal: CTAs launch in groups of this many (batch, head) pairs, K/V block n of every pair of
-    # a group before block n + 1 (tile_scheduler.StaticPersistentScheduler.coordinates, the
-    # forward's order), instead of the grid's order (each pair's blocks, longest to shortest, one
-    # pair after another), where the last pairs' longest blocks start in the last wave; 0: the
-    # grid's order. Deterministic calls keep the grid's order (their dQ turns follow it).
-    launch_group: int = 0
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
@@ -454,16 +448,6 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         # A bias tensor's entries in as few waves as fit: one wave spilled hd128 (78 words), two do
         # not; hd64 and hd96 take one (each wave waits for its loads to land).
         cfg = replace(cfg, bias_waves=1 if key.head_dim <= 96 else 2)
-    if key.mask == "causal" and not key.varlen:
-        # Groups of 4 pairs. Measured (H100, bf16 16k tokens, fa4.bench --backward, causal, fwd+bwd
-        # TFLOP/s, two rounds, grid's order -> groups of 4 / 8 / 16): GQA 32/8 heads at 4 x 4k
-        # 519-525 -> 563-570 / 540-541 / 525 (MHA 32/32 at equal FLOPs 549-560 -> 562-564 /
-        # 541-558 / 559); hd128 1k 374-376 -> 376 / 375-376 / 374, 4k 558 -> 567-576 / 576-580 /
-        # 569, 16k 611-615 -> 607-609 / 609-615 / 595; hd256 4k 454-455 -> 459-461 / 450-451 /
-        # 424, 16k 507 -> 506-511 / 496-500 / 494; hd64 within 2% either way. Every pair at once
-        # (no groups): hd128 4k 336 (the CTAs then share no Q/dO in L2). Packed sequences keep
-        # the grid's order: their pairs differ in length (groups of 8: 8 documents -1 to -2%).
-        cfg = replace(cfg, launch_group=4)
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.

@@ -116,12 +116,12 @@ class AttentionMask:
         m_block: Int32,
         n_block: Int32,
         mask_seqlen: cutlass.Constexpr[bool],
-        mask_causal: cutlass.Constexpr[bool],
         mask_local: cutlass.Constexpr[bool],
     ):
         """The backward's transposed tile S^T (rows: the tile_n keys of K/V block n_block,
         columns: the tile_m queries of query block m_block): -inf where the query may not see
-        the key. ``mask_seqlen``: also past seqlen_q (columns) and seqlen_k (rows). Column
+        the key: outside the window (``mask_local``; causal is the window with an unbounded left
+        side) or, with ``mask_seqlen``, past seqlen_q (columns) and seqlen_k (rows). Column
         coordinates fold to immediates as in ``apply``."""
         acc_mn = rows_cols_view(acc_St)
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
@@ -134,8 +134,6 @@ class AttentionMask:
             diag = key - (self.seqlen_k - self.seqlen_q) - first_col
             low = Int32(-UNMASKED_COLS)
             high = Int32(UNMASKED_COLS)
-            if const_expr(mask_causal):
-                low = diag
             if const_expr(mask_local):
                 low = diag - self.window_right
                 high = diag + self.window_left + 1

@@ -45,18 +45,14 @@ def test_variant_digest_changes_with_sources_and_dsl_version():
 
 
 def test_build_overrides_reach_the_config_and_the_cache_key(monkeypatch):
-    """FA4_EXP2_FMA and FA4_BWD_LAUNCH_GROUP replace the heuristics' value in the variants they
-    concern (and so their cache keys), and nowhere else."""
-    bwd = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, kernel="bwd")
-    bwd_varlen = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, varlen=True, kernel="bwd")
-    default = {k: (aot.build_config(k), aot.variant_digest(k, "s", "v")) for k in (KEY, bwd, bwd_varlen)}
-    assert default[KEY][0].exp2_fma == 0 and default[bwd][0].launch_group > 0
-    assert default[bwd_varlen][0].launch_group == 0
+    """FA4_EXP2_FMA replaces the heuristics' value in the forwards (and so their cache keys), and
+    nowhere else."""
+    bwd = catalog.VariantKey("sm_90a", "bf16", 128, 128, "local", False, kernel="bwd")
+    default = {k: (aot.build_config(k), aot.variant_digest(k, "s", "v")) for k in (KEY, bwd)}
+    assert default[KEY][0].exp2_fma == 0
     monkeypatch.setenv("FA4_EXP2_FMA", "2")
-    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "0")
     assert aot.build_config(KEY).exp2_fma == 2 and aot.variant_digest(KEY, "s", "v") != default[KEY][1]
-    assert aot.build_config(bwd).launch_group == 0 and aot.variant_digest(bwd, "s", "v") != default[bwd][1]
-    assert aot.variant_digest(bwd_varlen, "s", "v") == default[bwd_varlen][1]
+    assert aot.variant_digest(bwd, "s", "v") == default[bwd][1]
     monkeypatch.setenv("FA4_EXP2_FMA", "9")
     with pytest.raises(ValueError, match="FA4_EXP2_FMA"):
         aot.build_config(KEY)
@@ -96,13 +92,14 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "fa4_variant_count = 1;" in c
     assert "fa4_stats_block_rows = 128;" in c
     assert "fa4_kv_cache_mask = FA4_MASK_LOCAL;" in c  # catalog.KV_CACHE_MASKS, the native lookup's
+    assert "fa4_bwd_causal_mask = FA4_MASK_LOCAL;" in c  # catalog.BWD_MASKS
 
 
 def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     def header(name, tensors):
         return "".join(f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[3];\n"
                        f"    int64_t dynamic_strides[2];\n}} {name}_Tensor_{t}_t;\n" for t in tensors)
-    main = catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", True, True, kernel="bwd")
+    main = catalog.VariantKey("sm_90a", "bf16", 128, 128, "local", True, True, kernel="bwd")
     pre = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, True, kernel="bwd_pre")
     post = catalog.VariantKey("sm_90a", "fp16", 0, 0, "none", False, kernel="bwd_post")
     entries = []
@@ -116,11 +113,12 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     entries.append((post, tmp_path / f"{post.name}.h"))
     c = _generated_c(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
-    assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 1, '
+    assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_LOCAL, 1, '
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 64, 128, 0,') in c
     assert f"NULL, {main.name}_bwd, NULL, NULL}}" in c
     assert "params->num_n_blocks," in c
-    assert "params->has_seqused_k, params->deterministic, params->rotate, params->store_first, stream" in c
+    assert ("params->has_seqused_k, params->deterministic, params->rotate, params->store_first, "
+            "params->launch_group, stream") in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     assert "&t_sparse_bits, &t_score_params, &t_score_grad," in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks.

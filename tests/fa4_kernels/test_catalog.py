@@ -41,7 +41,8 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     assert {(v.head_dim, v.head_dim_v) for v in backward} == set(catalog.BWD_HEAD_DIMS)
     assert {v.score_mod for v in backward if v.mask != catalog.SPARSE_MASK} == {"none"}
     assert {(v.mask, v.softcap, v.varlen, v.dtype) for v in backward} == {
-        (m, sc, vl, d) for m in catalog.MASKS for sc in (False, True) for vl in (False, True) for d in catalog.DTYPES
+        (m, sc, vl, d) for m in catalog.BWD_MASKS for sc in (False, True) for vl in (False, True)
+        for d in catalog.DTYPES
     } | {(catalog.SPARSE_MASK, sc, False, d) for sc in (False, True) for d in catalog.DTYPES}
     for key in backward:
         cfg = heuristics.bwd_config(key)
@@ -72,7 +73,7 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     assert all((v.head_dim, v.head_dim_v, v.varlen) == (0, 0, False) for v in postprocess)
     assert len({v.name for v in catalog.all_variants()}) == len(catalog.all_variants())
     # hd64 with softcap takes 64-query blocks (128 spilled); hd128 always does.
-    key = catalog.VariantKey("sm_90a", "bf16", 64, 64, "causal", True, kernel="bwd")
+    key = catalog.VariantKey("sm_90a", "bf16", 64, 64, "local", True, kernel="bwd")
     assert heuristics.bwd_config(key).tile_m == 64
     assert heuristics.bwd_config(dataclasses.replace(key, softcap=False)).tile_m == 128
     assert heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 256, 256, "none", False, kernel="bwd")).dq_store \

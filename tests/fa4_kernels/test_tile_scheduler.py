@@ -236,18 +236,21 @@ def test_causal_backward_launch_groups_end_evenly(blocks, heads, batches, q_per_
     every query head of the group) started in launch order as SMs free up (132 SMs). In the grid's
     order the last pairs' longest blocks start last (GQA 32/8 at 4 x 4k: the busiest SM works 14%
     longer than the average; fa4 measured 8% faster with groups); the groups of
-    heuristics.BwdConfig.launch_group, through the forward's ``coordinates``, end within 1%."""
+    fa4.heuristics.bwd_launch_group, through the forward's ``coordinates``, end within 1%."""
+    from fa4 import heuristics as rules
     from fa4_kernels.catalog import VariantKey
     from fa4_kernels.heuristics import bwd_config
 
-    cfg = bwd_config(VariantKey("sm_90a", "bf16", 128, 128, "causal", False, kernel="bwd"))
+    cfg = bwd_config(VariantKey("sm_90a", "bf16", 128, 128, "local", False, kernel="bwd"))
+    group = rules.bwd_launch_group("causal", varlen=False, deterministic=False)
+    assert group > 0
     per_block = cfg.tile_n // cfg.tile_m  # query blocks per K/V block on the diagonal
 
     def cost(cta):
         return (blocks - cta[0]) * per_block * q_per_kv + 2
 
     grid = [(n, h, b) for b in range(batches) for h in range(heads) for n in range(blocks)]
-    grouped = tile_order(blocks, heads, batches, cfg.launch_group, longest_first=False)
+    grouped = tile_order(blocks, heads, batches, group, longest_first=False)
     assert sorted(grouped) == sorted(grid)
     assert makespan_ratio(grouped, 132, cost) <= 1.01
     if (blocks, heads, batches) != (32, 32, 4):

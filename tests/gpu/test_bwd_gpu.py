@@ -288,6 +288,40 @@ def test_deterministic_rotated_turns(monkeypatch, dims, batch, seqlen_q, seqlen_
     assert not torch.equal(rotated[0], ascending[0])  # another order of additions: it did rotate
 
 
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
+def test_causal_launch_groups(monkeypatch, dims):
+    """Causal calls run the window kernel (catalog.BWD_MASKS) with their CTAs in launch groups of
+    (batch, head) pairs (fa4.heuristics.bwd_launch_group): the default groups, the grid's order
+    (FA4_BWD_LAUNCH_GROUP=0) and odd group sizes that leave a short last group all give the
+    float64 reference's gradients; windows, packed sequences and deterministic calls keep the
+    grid's order."""
+    d, dv = dims
+    q, k, v = qkv(3, 333, 333, 8, 2, d, dv, torch.bfloat16)  # 6 (batch, K/V head) pairs
+    scale = d ** -0.5
+    dout = torch.randn(q.shape[:-1] + (dv,), device="cuda", dtype=q.dtype)
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, True)
+    ref = grads(lambda q, k, v: naive_attention(q, k, v, causal=True, scale=scale)[0],
+                (q.double(), k.double(), v.double()), dout.double())
+
+    def run(deterministic=False, window=None):
+        poison_allocator()
+        if window is None:
+            got = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, True, deterministic=deterministic)
+        else:
+            got = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, False, window[0], window[1],
+                                    deterministic=deterministic)
+        return got, _native.last_launch("bwd")
+    for setting, expected in (("", 4), ("0", 0), ("5", 5), ("1", 1)):
+        monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", setting)
+        got, record = run()
+        assert record["launch_group"] == expected and record["name"].endswith(f"d{d}x{dv}_local"), record
+        for name, g, r in zip("qkv", got, ref):
+            assert rel_error(g, r) < CEILING, (setting, name)
+    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "5")
+    assert run(deterministic=True)[1]["launch_group"] == 0
+    assert run(window=(100, 0))[1]["launch_group"] == 0
+
+
 def test_deterministic_mode_varlen_and_global_switch():
     cu = torch.tensor([0, 1, 300, 301, 900, 1400], dtype=torch.int32, device="cuda")
     q = torch.randn(1400, 8, 128, device="cuda", dtype=torch.bfloat16)

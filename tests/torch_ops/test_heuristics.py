@@ -239,6 +239,20 @@ def test_backward_store_first_and_rotation():
     assert heuristics.bwd_rotate("local", True, False, 64, 132) == 0
 
 
+def test_causal_backward_launches_in_groups_of_pairs():
+    """Dense, non-deterministic causal calls only: packed sequences, windows and deterministic
+    turns keep the grid's order (the kernel runs causal as a window: its mask kind cannot tell)."""
+    group = heuristics.bwd_launch_group("causal", varlen=False, deterministic=False)
+    assert group == 4
+    assert heuristics.bwd_launch_group("causal", varlen=True, deterministic=False) == 0
+    assert heuristics.bwd_launch_group("causal", varlen=False, deterministic=True) == 0
+    for mask in ("none", "local"):
+        assert heuristics.bwd_launch_group(mask, varlen=False, deterministic=False) == 0
+    assert heuristics.bwd_launch_group("causal", False, False, override=0) == 0
+    assert heuristics.bwd_launch_group("causal", False, False, override=16) == 16
+    assert heuristics.bwd_launch_group("causal", False, True, override=16) == 0
+
+
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 3)), (False, (-1, 7)),
                                            (False, (4, -1))])
 def test_keyless_rows_are_exactly_the_rows_that_see_no_key(causal, window):
@@ -276,20 +290,28 @@ def test_python_constants_match_the_rules_library():
 
 def test_tuning_settings_are_read_per_call(monkeypatch):
     for name in ("FA4_L2_SWIZZLE_MB", "FA4_PERSISTENT", "FA4_TILES", "FA4_SPLIT_TAIL", "FA4_BWD_STORE_FIRST",
-                 "FA4_BWD_ROTATE", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
+                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
         monkeypatch.delenv(name, raising=False)
     assert heuristics.tuning() == {"l2_swizzle_bytes": None, "persistent": None, "tiles": None, "split_tail": None,
-                                   "bwd_store_first": None, "bwd_rotate": None, "trace_schedule": None,
-                                   "trace_path": None}
+                                   "bwd_store_first": None, "bwd_rotate": None, "bwd_launch_group": None,
+                                   "trace_schedule": None, "trace_path": None}
     monkeypatch.setenv("FA4_L2_SWIZZLE_MB", "1.5")
     monkeypatch.setenv("FA4_PERSISTENT", "0")
     monkeypatch.setenv("FA4_TILES", "long")
     monkeypatch.setenv("FA4_BWD_ROTATE", "1")
+    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "0")
     monkeypatch.setenv("FA4_TRACE", "/tmp/some trace.jsonl")
     monkeypatch.setenv("FA4_TRACE_SCHEDULE", "static")
     assert heuristics.tuning() == {"l2_swizzle_bytes": 3 << 19, "persistent": False, "tiles": "long",
                                    "split_tail": None, "bwd_store_first": None, "bwd_rotate": True,
-                                   "trace_schedule": "static", "trace_path": "/tmp/some trace.jsonl"}
+                                   "bwd_launch_group": 0, "trace_schedule": "static",
+                                   "trace_path": "/tmp/some trace.jsonl"}
+    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "8")
+    assert heuristics.tuning()["bwd_launch_group"] == 8
+    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "four")
+    with pytest.raises(ValueError, match="FA4_BWD_LAUNCH_GROUP must be a number"):
+        heuristics.tuning()
+    monkeypatch.delenv("FA4_BWD_LAUNCH_GROUP")
     monkeypatch.setenv("FA4_TRACE", "")  # empty: off, as unset
     monkeypatch.setenv("FA4_TRACE_SCHEDULE", "dynamic")
     assert heuristics.tuning()["trace_path"] is None and heuristics.tuning()["trace_schedule"] == "dynamic"

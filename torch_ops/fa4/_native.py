@@ -70,7 +70,7 @@ def variant_index() -> dict[str, int]:
 
 class _Launch(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("variant", "pack_gqa", "tail_ctas", "heads_per_group", "grid",
-                                                    "store_first", "rotate", "deterministic")] + [
+                                                    "store_first", "rotate", "deterministic", "launch_group")] + [
         ("semaphores", ctypes.c_void_p), ("semaphore_words", ctypes.c_int64)]
 
 

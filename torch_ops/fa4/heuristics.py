@@ -33,7 +33,7 @@ class MaskSpec:
 class _Tuning(ctypes.Structure):
     _fields_ = [("l2_swizzle_bytes", ctypes.c_int64)] + [
         (name, ctypes.c_int32) for name in ("persistent", "tiles", "split_tail", "bwd_store_first", "bwd_rotate",
-                                            "trace_schedule")] + [("trace_path", ctypes.c_char_p)]
+                                            "bwd_launch_group", "trace_schedule")] + [("trace_path", ctypes.c_char_p)]
 
 
 class _Mask(ctypes.Structure):
@@ -68,6 +68,7 @@ def rules() -> ctypes.CDLL:
         "fa4_mean_visible_keys": (f64, [i64, i64, _Mask]),
         "fa4_bwd_store_first": (i32, [i32, i64, f64, i32]),
         "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32]),
+        "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32]),
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
         "fa4_stats_rows": (i64, [i64, i32, i64]),
         "fa4_read_tuning": (i32, [ctypes.POINTER(_Tuning)]),
@@ -96,17 +97,21 @@ def _spec(mask: _Mask) -> MaskSpec:
     return MaskSpec(MASK_KINDS[mask.kind], mask.window_left, mask.window_right)
 
 
+_COUNTS = ("l2_swizzle_bytes", "bwd_launch_group")  # tuning settings that are numbers, not switches
+
+
 def tuning() -> dict:
     """The run-time tuning settings as the native operators read them now (FA4_L2_SWIZZLE_MB in
-    bytes, FA4_TRACE's path, FA4_TRACE_SCHEDULE's word, the others None for unset, a bool, or
-    FA4_TILES's family name); ValueError for a value a variable does not take."""
+    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_TRACE's path, FA4_TRACE_SCHEDULE's word, the others
+    None for unset, a bool, or FA4_TILES's family name); ValueError for a value a variable does not
+    take."""
     out = _Tuning()
     if rules().fa4_read_tuning(ctypes.byref(out)):
         raise ValueError(_error())
     values = {name: getattr(out, name) for name, _ in _Tuning._fields_}
     trace_path = values.pop("trace_path")
     settings = {name: None if value == _AUTO else
-                (TILE_FAMILIES[value] if name == "tiles" else value if name == "l2_swizzle_bytes" else
+                (TILE_FAMILIES[value] if name == "tiles" else value if name in _COUNTS else
                  ("dynamic", "static")[value] if name == "trace_schedule" else bool(value))
                 for name, value in values.items()}
     return dict(settings, trace_path=None if trace_path is None else os.fsdecode(trace_path))
@@ -223,6 +228,13 @@ def bwd_rotate(mask: str, deterministic: bool, store_first: bool, num_n_blocks: 
     head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs."""
     return rules().fa4_bwd_rotate(MASK_KINDS.index(mask), int(deterministic), int(store_first), num_n_blocks,
                                   num_sms, tile[0], tile[1], _tri(override))
+
+
+def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, override: int | None = None) -> int:
+    """(batch, head) pairs per launch group of the causal backward's CTAs (0: the grid's order):
+    dense, non-deterministic causal calls only; ``override`` (FA4_BWD_LAUNCH_GROUP) sets the size."""
+    return rules().fa4_bwd_launch_group(MASK_KINDS.index(mask), int(varlen), int(deterministic),
+                                        _AUTO if override is None else override)
 
 
 def keyless_rows(seqlen_q: int, seqlen_k: int, mask: MaskSpec) -> int:

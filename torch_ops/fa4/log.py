@@ -46,8 +46,9 @@ def launched(kind: str, shapes: str) -> None:
         if why:
             logger.debug("fwd %s: %s", shapes, why)
     else:
-        logger.debug("bwd %s: %s, first store %d, rotate %d, deterministic %d", shapes, record["name"],
-                     record["store_first"], record["rotate"], record["deterministic"])
+        logger.debug("bwd %s: %s, first store %d, rotate %d, deterministic %d, launch group %d", shapes,
+                     record["name"], record["store_first"], record["rotate"], record["deterministic"],
+                     record["launch_group"])
 
 
 def tile_family_of(variant_name: str) -> str:

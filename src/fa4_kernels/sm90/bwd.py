@@ -116,7 +116,6 @@ class FlashAttentionBackwardSm90:
         dtype,
         head_dim: int,
         head_dim_v: int,
-        is_causal: bool,
         is_local: bool,
         has_softcap: bool,
         tile_m: int,
@@ -132,10 +131,10 @@ class FlashAttentionBackwardSm90:
         grad_address_per_tile: bool = False,
         grad_window: int = 0,
         bias_waves: int = 4,
-        launch_group: int = 0,
     ):
-        assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
-        assert not (block_sparse and (is_causal or is_local or is_varlen)), "block-sparse tables carry the mask"
+        # Causal calls run the window kernel (is_local): their window's left side is unbounded
+        # (catalog.BWD_MASKS).
+        assert not (block_sparse and (is_local or is_varlen)), "block-sparse tables carry the mask"
         assert layout in LAYOUTS and dq_split in DQ_SPLITS and dq_store in DQ_STORES
         if layout == "keys":
             assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
@@ -155,7 +154,6 @@ class FlashAttentionBackwardSm90:
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
-        self.is_causal = is_causal
         self.is_local = is_local
         self.has_softcap = has_softcap
         self.is_varlen = is_varlen
@@ -167,9 +165,6 @@ class FlashAttentionBackwardSm90:
         self.grad_window = grad_window  # heuristics.BwdConfig: floats per consumer warp
         assert (grad_window > 0) == (score_mod == "relbias"), "relbias's gradient sums in shared windows"
         self.bias_waves = bias_waves  # heuristics.BwdConfig
-        # Causal: the CTAs' launch order in groups of this many (batch, head) pairs (heuristics.BwdConfig).
-        assert launch_group == 0 or (is_causal and not is_varlen)
-        self.launch_group = launch_group
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -295,6 +290,9 @@ class FlashAttentionBackwardSm90:
         deterministic: Int32,
         rotate: Int32,  # >0: without a mask, the rotation's period (dq_order; 0: none; see module doc)
         store_first: Int32,  # 1: mdQaccum is not zeroed; the first K/V block stores (module doc)
+        # > 0: windows of dense batches, not deterministic: the CTAs launch in groups of this many
+        # (batch, head) pairs (see kernel; fa4_bwd_launch_group in csrc_shims/fa4_rules.c)
+        launch_group: Int32,
         stream: cuda.CUstream,
     ):
         # Sequence-major views: (seqlen, dim, head, batch).
@@ -373,7 +371,7 @@ class FlashAttentionBackwardSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdQaccum, mdK, mdV, tma_dK, tma_dV,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic, rotate, store_first,
-            mSparseCounts, mSparseBlocks, mSparseBits, mScoreParams, mScoreGrad,
+            launch_group, mSparseCounts, mSparseBlocks, mSparseBits, mScoreParams, mScoreGrad,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
             tma_atom_dQ_store, tma_atom_dK, tma_atom_dV,
             scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
@@ -410,6 +408,7 @@ class FlashAttentionBackwardSm90:
         deterministic: Int32,
         rotate: Int32,
         store_first: Int32,
+        launch_group: Int32,
         mSparseCounts: cute.Tensor,
         mSparseBlocks: cute.Tensor,
         mSparseBits: cute.Tensor,
@@ -445,20 +444,21 @@ class FlashAttentionBackwardSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head_kv, batch_idx = cute.arch.block_idx()
-        if const_expr(self.launch_group > 0):
+        if const_expr(self.is_local and not self.is_varlen):
             # Causal: K/V block n visits the query blocks from n on, so the low blocks are the
             # long CTAs. The grid launches each (batch, head) pair's blocks longest first, one pair
             # after another, so the last pairs' longest blocks would start in the last wave. In
             # groups of launch_group pairs, block n of every pair of a group goes before block
             # n + 1 (the forward's tile order; its groups also keep the Q/dO the running CTAs
-            # read within L2). Deterministic turns follow the grid's order: they keep it.
-            if deterministic == 0:
+            # read within L2). Deterministic turns follow the grid's order: they keep it (the
+            # host never asks for both; the check keeps a bad launch from deadlocking).
+            if launch_group > 0 and deterministic == 0:
                 blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
-                order = StaticPersistentScheduler(blocks, heads, batches, Int32(self.launch_group), False, Int32(0))
+                order = StaticPersistentScheduler(blocks, heads, batches, launch_group, False, Int32(0))
                 n_block, head_kv, batch_idx = order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
         seq = SeqlenInfo.create(batch_idx, mQ.shape[0], mK.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                 mSeqUsedK, has_seqused_k)
-        if const_expr(self.is_causal or self.is_local):
+        if const_expr(self.is_local):
             if deterministic != 0:
                 # Masked, deterministic: the K/V blocks launch from the last one down, and add
                 # into each query block in that order (dq_turn): the later a block's query
@@ -522,7 +522,7 @@ class FlashAttentionBackwardSm90:
             sdPsum = storage.sdPsum.get_tensor(stats_layout)
 
             block_info = BlockInfo(
-                self.tile_m, self.tile_n, self.is_causal, self.is_local,
+                self.tile_m, self.tile_n, False, self.is_local,
                 window_left if const_expr(self.is_local) else None,
                 window_right if const_expr(self.is_local) else None,
             )
@@ -544,7 +544,7 @@ class FlashAttentionBackwardSm90:
                         mdQ, sdQ_parts, tma_atom_dQ, tma_atom_dQ_store, mdQsemaphore, deterministic, store_first,
                         rotate, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
                         pipeline_q, pipeline_do, sparse_tables, rotated)
-                    if const_expr(self.is_causal or self.is_local or self.block_sparse):
+                    if const_expr(self.is_local or self.block_sparse):
                         write_dq(False)
                     else:
                         if deterministic != 0 and rotate != 0:
@@ -578,7 +578,7 @@ class FlashAttentionBackwardSm90:
         """How far into its query range [m_block_min, m_block_max) this CTA starts (``rotate``,
         no mask: K/V block n of a chunk of N at n / N of the way round; see dq_order)."""
         start = Int32(0)
-        if const_expr(not (self.is_causal or self.is_local or self.block_sparse)):
+        if const_expr(not (self.is_local or self.block_sparse)):
             if rotate != 0:
                 start = rotation_start(n_block, cute.ceil_div(seq.seqlen_k, self.tile_n), m_block_max - m_block_min,
                                        rotate)
@@ -590,7 +590,7 @@ class FlashAttentionBackwardSm90:
         m_block_min + start on, wrapping round at m_block_max. The producer, the dQ writer and
         the consumers walk the same order."""
         m_block = i
-        if const_expr(not (self.is_causal or self.is_local)):
+        if const_expr(not (self.is_local)):
             m_block = i + start
             if m_block >= m_block_max:
                 m_block = m_block - (m_block_max - m_block_min)
@@ -704,7 +704,7 @@ class FlashAttentionBackwardSm90:
         turn = Int32(-1)
         index = cutlass.Int64(0)
         if m_block < mdQsemaphore.shape[2]:
-            if const_expr(self.is_causal or self.is_local):
+            if const_expr(self.is_local):
                 turn = block_info.last_n_block_of(seq.seqlen_q, seq.seqlen_k, m_block) - n_block
             elif const_expr(rotation is None):
                 turn = n_block - block_info.first_n_block_of(seq.seqlen_q, seq.seqlen_k, m_block)
@@ -1230,7 +1230,7 @@ class FlashAttentionBackwardSm90:
         left edge crosses: [m_block_min, m_masked_end) and [m_left_start, m_block_max)."""
         m_masked_end = m_block_min
         m_left_start = m_block_max
-        if const_expr(self.is_causal or self.is_local):
+        if const_expr(self.is_local):
             m_masked_end = block_info.m_block_min_no_right_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_max)
         if const_expr(self.is_local):
             m_left_start = block_info.m_block_max_no_left_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_min)
@@ -1327,7 +1327,7 @@ class FlashAttentionBackwardSm90:
                 mask.apply_bits(acc_S, thr_mma_sdp, words, transposed=True)
         elif const_expr(self.is_varlen):
             self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, True)
-        elif const_expr(self.is_causal or self.is_local):
+        elif const_expr(self.is_local):
             if m_block < m_masked_end or m_block >= m_left_start:
                 self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, False)
 
@@ -1399,7 +1399,7 @@ class FlashAttentionBackwardSm90:
 
     @cute.jit
     def mask_block(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, mask_seqlen: cutlass.Constexpr):
-        mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, mask_seqlen, self.is_causal, self.is_local)
+        mask.apply_transposed(acc_S, thr_mma_sdp, m_block, n_block, mask_seqlen, self.is_local)
 
     @cute.jit
     def probs_and_grads_softcap(self, acc_S, acc_dP, mask, thr_mma_sdp, tScS, sLSE, sdPsum, stage, m_block,
