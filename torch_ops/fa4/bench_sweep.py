@@ -5,11 +5,12 @@ time) to --sweep-out (default docs/heuristics.md).
 Strategies, each forced by the keyword or ``FA4_`` setting that tests and users have (README,
 "Environment variables"): the forward's tile family (``FA4_TILES``), grid (``FA4_PERSISTENT``),
 split tail (``FA4_SPLIT_TAIL``) and pack-GQA (``pack_gqa=``); the KV-cache forward's split count
-(``num_splits=``); the backward's first dQ store (``FA4_BWD_STORE_FIRST``) and rotated visits
-(``FA4_BWD_ROTATE``). Candidates that end in the same launch (``fa4._native.last_launch``: the
-variant and the decisions taken for it; a family that is not built falls back to the regular
-one) are timed once. Compile-time strategies (the scheduler kind of each mask, cluster size,
-exp2 emulation) are not switchable at run time and not swept.
+(``num_splits=``); the backward's first dQ store (``FA4_BWD_STORE_FIRST``), rotated visits
+(``FA4_BWD_ROTATE``) and causal launch groups (``FA4_BWD_LAUNCH_GROUP``). Candidates that end in
+the same launch (``fa4._native.last_launch``: the variant and the decisions taken for it; a
+family that is not built falls back to the regular one) are timed once. Compile-time strategies
+(the scheduler kind of each mask, cluster size, exp2 emulation) are not switchable at run time
+and not swept.
 
 Timing: GPU time of a CUDA graph of ``CALLS`` calls (no host time: the rules choose kernels,
 launch cost is the host path's business), the median of --sweep-rounds rounds with the
@@ -52,9 +53,12 @@ def _fwd_candidates(gqa: bool):
     return out
 
 
-def _bwd_candidates():
-    return [(f"store_first={s} rotate={r}", {"FA4_BWD_STORE_FIRST": s, "FA4_BWD_ROTATE": r}, {})
-            for s, r in itertools.product(("0", "1"), ("0", "1"))]
+def _bwd_candidates(causal: bool):
+    # Causal calls also sweep their CTAs' launch groups (FA4_BWD_LAUNCH_GROUP; 0: the grid's order).
+    groups = ("0", "4", "8") if causal else ("",)
+    return [(f"store_first={s} rotate={r}" + (f" launch_group={g}" if g else ""),
+             {"FA4_BWD_STORE_FIRST": s, "FA4_BWD_ROTATE": r, "FA4_BWD_LAUNCH_GROUP": g}, {})
+            for s, r, g in itertools.product(("0", "1"), ("0", "1"), groups)]
 
 
 def _dense(hd, seqlen, causal, batch=None, heads_q=None, heads_kv=None, dtype=torch.bfloat16):
@@ -107,7 +111,7 @@ def _backward(hd, seqlen, causal, batch=None, heads_q=None, heads_kv=None, dtype
         torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, causal, -1, right, 0.0, False)
     gqa = "" if heads_kv == heads_q else f" gqa {heads_q}/{heads_kv}"
     return Shape("bwd", f"bwd hd{hd} {batch}x{seqlen}{gqa} {'causal' if causal else 'full'}", call,
-                 _bwd_candidates())
+                 _bwd_candidates(causal))
 
 
 def shapes(quick: bool = False):
@@ -152,7 +156,8 @@ def _launch_key(kind):
     record = _native.last_launch("bwd" if kind == "bwd" else "fwd")
     if record is None:
         return None
-    fields = ("store_first", "rotate") if kind == "bwd" else ("pack_gqa", "tail_ctas", "grid", "heads_per_group")
+    fields = (("store_first", "rotate", "launch_group") if kind == "bwd"
+              else ("pack_gqa", "tail_ctas", "grid", "heads_per_group"))
     return (record["name"],) + tuple(record[f] for f in fields)
 
 
@@ -222,8 +227,8 @@ def markdown(rows, device: str) -> str:
         "",
         "A launch is written as its variant and the decisions taken for it: forward (pack-GQA factor, split-tail "
         "CTAs (0: none), grid (2147483647: one CTA per tile), query heads per L2 group); backward (first K/V "
-        "block stores dQ, rotation period). A best candidate named without a launch is the automatic one; "
-        "differences under ~2% are within run-to-run noise.",
+        "block stores dQ, rotation period, launch group). A best candidate named without a launch is the "
+        "automatic one; differences under ~2% are within run-to-run noise.",
         "",
         "| shape | automatic choice | ms | best candidate | ms | regret |",
         "|---|---|---:|---|---:|---:|",
