@@ -406,7 +406,6 @@ int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_f
  * equal) and deterministic calls (their dQ turns follow the grid's order). override: FA4_AUTO,
  * else the group size (0: the grid's order) for every causal call of a dense batch. */
 #define BWD_CAUSAL_LAUNCH_GROUP 4
-const int32_t fa4_rule_bwd_causal_launch_group = BWD_CAUSAL_LAUNCH_GROUP;
 
 int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override) {
   if (mask_kind != FA4_MASK_CAUSAL || varlen || deterministic) return 0;

@@ -47,7 +47,7 @@ BWD_HEAD_DIMS = HEAD_DIMS
 # The backward's main kernels, per mask kind: causal runs the window kernel with an unbounded left
 # side (fa4_resolve_mask). Its S^T tiles were masked by the same two compares per score either way
 # (mask.apply_transposed), and the causal launch order is a run-time choice (fa4_bwd_launch_group);
-# measured in docs/perf_notes.md, "The causal backward as a window".
+# measured in docs/perf_notes.md, "Causal as a window".
 BWD_MASKS = ("none", "local")
 
 
