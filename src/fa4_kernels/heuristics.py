@@ -382,6 +382,14 @@ class BwdConfig:
     # Score_mods whose entries are loaded ("keys" layout): read where they are added, in this many
     # waves (score_mod.ScoreBias.add), each after the one before has landed.
     bias_waves: int = 4
+    # dQ staged for the writer with the lanes of odd accumulator rows exchanging pairs, so that
+    # every 8-byte store is conflict-free (FlashAttentionBackwardSm90.stage_dq_pairs; "tma" dQ
+    # only). Same call, H200, bf16 16k tokens, backward alone TFLOP/s, 1k / 4k / 16k, off -> on
+    # (two alternations): hd128 492-494 / 595-598 / 578-580 -> 500 / 597-600 / 581-586, causal
+    # 362-363 / 556 / 587 -> 366 / 562 / 590, deterministic 16k 551-552 -> 569-570; hd64
+    # 427 / 513-520 / 512-515 -> 439 / 527-530 / 528-534, causal 307 / 475-476 / 517 -> 314 /
+    # 486-489 / 535-536. Its 16 store addresses are held across the loop: off where that spills.
+    dq_stage_exchange: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
@@ -448,6 +456,15 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         # A bias tensor's entries in as few waves as fit: one wave spilled hd128 (78 words), two do
         # not; hd64 and hd96 take one (each wave waits for its loads to land).
         cfg = replace(cfg, bias_waves=1 if key.head_dim <= 96 else 2)
+    # The exchanged dQ stores where they were measured (hd128's dQ by column halves, hd64's by
+    # row halves; not dQ by one warpgroup, hd96 and hd64 with softcap, nor "keys_roles") and do
+    # not spill (sass_report, LDL/STL words with them): hd128 with softcap (3-18) or a
+    # relative-bias / bias-tensor score_mod (16-18), hd64's 128-query blocks with ALiBi (12) or a
+    # varlen window (2).
+    spills = (cfg.dq_split == "cols" and (key.softcap or key.score_mod == "relbias"
+                                          or key.score_mod in catalog.TENSOR_SCORE_MODS)) or \
+        (cfg.dq_split == "rows" and (key.score_mod == "alibi" or (key.mask == "local" and key.varlen)))
+    cfg = replace(cfg, dq_stage_exchange=cfg.layout == "keys" and cfg.dq_split in ("cols", "rows") and not spills)
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.

@@ -82,6 +82,30 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
         heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 320, 320, "none", False, kernel="bwd"))
 
 
+def test_exchanged_dq_stores_only_where_measured_and_spill_free():
+    """BwdConfig.dq_stage_exchange: "keys" kernels whose dQ goes out by halves (hd128 columns,
+    hd64 rows) through the staging buffer, but not the variants that spilled with it."""
+    def exchange(head_dim, mask="none", softcap=False, varlen=False, score_mod="none", dtype="bf16"):
+        key = catalog.VariantKey("sm_90a", dtype, head_dim, head_dim, mask, softcap, varlen=varlen,
+                                 score_mod=score_mod, kernel="bwd")
+        return heuristics.bwd_config(key).dq_stage_exchange
+
+    for dtype in catalog.DTYPES:
+        assert exchange(128, dtype=dtype) and exchange(128, "local", varlen=True, dtype=dtype)
+        assert exchange(64, dtype=dtype) and exchange(64, "local", dtype=dtype)
+    assert exchange(128, catalog.SPARSE_MASK, score_mod="alibi") and exchange(64, catalog.SPARSE_MASK)
+    # Spilled with it: hd128 with softcap or loaded biases, hd64 with ALiBi or a varlen window.
+    assert not exchange(128, softcap=True) and not exchange(128, catalog.SPARSE_MASK, score_mod="relbias")
+    assert not exchange(128, catalog.SPARSE_MASK, score_mod="bias")
+    assert not exchange(64, catalog.SPARSE_MASK, score_mod="alibi") and not exchange(64, "local", varlen=True)
+    # Not measured: dQ by one warpgroup (hd96, hd64 with softcap) and the role layout.
+    assert not exchange(96) and not exchange(64, softcap=True) and not exchange(192) and not exchange(256)
+    for key in catalog.all_variants():
+        if key.kernel == "bwd" and heuristics.bwd_config(key).dq_stage_exchange:
+            cfg = heuristics.bwd_config(key)
+            assert cfg.layout == "keys" and cfg.dq_store == "tma" and cfg.dq_split in ("cols", "rows"), key.name
+
+
 def test_compute_capability_from_arch():
     key = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False)
     assert key.compute_capability == (9, 0)
@@ -167,7 +191,9 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
         # to tile_m queries, padded to 32 floats, within the shared-memory budget.
         assert cfg.grad_window == ((15 + cfg.tile_m + 31) // 32 * 32 if key.score_mod == "relbias" else 0), key.name
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
-        assert dataclasses.replace(cfg, grad_address_per_tile=False, bias_waves=4, grad_window=0) == dense, key.name
+        # The score_mods' own fields, and the exchanged dQ stores that some of them spill with.
+        assert dataclasses.replace(cfg, grad_address_per_tile=False, bias_waves=4, grad_window=0,
+                                   dq_stage_exchange=dense.dq_stage_exchange) == dense, key.name
 
 
 def test_dead_blocks_are_skipped_where_warpgroups_contend():

@@ -75,13 +75,14 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks
 from fa4_kernels.dq_order import rotated_turn, rotation_start
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
-from fa4_kernels.ptx import SPIN_LIMIT, barrier_sync_unaligned, fence_proxy_async_global, nanosleep, trap
+from fa4_kernels.ptx import SPIN_LIMIT, barrier_sync_unaligned, f32_asm, fence_proxy_async_global, nanosleep, trap
 from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
@@ -100,6 +101,14 @@ DQ_STORES = ("tma", "stage")
 # A writer's claim on a query block's dQ (store_first): added to its counter, whose low half
 # counts the first stores that have landed (one per block).
 DQ_CLAIM = 1 << 16
+
+
+@dsl_user_op
+def select_f32(flag: Int32, if_set: Float32, if_clear: Float32, *, loc=None, ip=None) -> Float32:
+    """``if_set`` where ``flag`` != 0, else ``if_clear``: one SEL, a per-lane choice of register
+    (stage_dq_pairs)."""
+    return f32_asm("{\n.reg .pred p;\nsetp.ne.s32 p, $1, 0;\nselp.f32 $0, $2, $3, p;\n}", "=f,r,f,f",
+                   (Int32(flag), Float32(if_set), Float32(if_clear)), loc=loc, ip=ip)
 
 
 def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
@@ -131,6 +140,7 @@ class FlashAttentionBackwardSm90:
         grad_address_per_tile: bool = False,
         grad_window: int = 0,
         bias_waves: int = 4,
+        dq_stage_exchange: bool = False,
     ):
         # Causal calls run the window kernel (is_local): their window's left side is unbounded
         # (catalog.BWD_MASKS).
@@ -165,6 +175,8 @@ class FlashAttentionBackwardSm90:
         self.grad_window = grad_window  # heuristics.BwdConfig: floats per consumer warp
         assert (grad_window > 0) == (score_mod == "relbias"), "relbias's gradient sums in shared windows"
         self.bias_waves = bias_waves  # heuristics.BwdConfig
+        assert not dq_stage_exchange or dq_store == "tma"
+        self.dq_stage_exchange = dq_stage_exchange  # heuristics.BwdConfig
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -1452,9 +1464,35 @@ class FlashAttentionBackwardSm90:
             ).get_slice(tidx)
             sync = THREADS_PER_WG + cute.arch.WARP_SIZE
             cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_EMPTY) + part, number_of_threads=sync)
-            cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ))
+            if const_expr(self.dq_stage_exchange):
+                self.stage_dq_pairs(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ), tidx)
+            else:
+                cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ))
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part, number_of_threads=sync)
+
+    @cute.jit
+    def stage_dq_pairs(self, smem_copy_dQ, src: cute.Tensor, dst: cute.Tensor, tidx: Int32):
+        """A dQ part's 8-byte (two-column) pairs into its 128-byte-swizzled staging buffer, with
+        the lanes of odd accumulator rows storing, at each store, the pair two 8-column groups
+        away (pair k ^ 4: the same row, the other half of the 32-column swizzle atom). A 64-bit
+        store is served per half-warp (4 rows of the accumulator, 32 bytes each), and the swizzle
+        puts rows q and q ^ 1 of the same 8-column group on the same banks: 4 wavefronts per
+        store instead of 2 (ncu, hd128 4k), 9% of the kernel's shared-memory wavefronts, in the
+        resource the backward is bound by. With the exchange every half-warp covers 128 distinct
+        bytes. Each thread still stores each of its pairs once; the data moves by SEL, the
+        address by a run-time pair index."""
+        # (2 columns, pairs), both in the same pair order.
+        src_pairs = cute.make_tensor(src.iterator, cute.get(src.layout, mode=[0]))
+        dst_pairs = cute.make_tensor(dst.iterator, cute.get(dst.layout, mode=[0]))
+        pairs = cute.size(src_pairs, mode=[1])
+        assert cute.size(src_pairs, mode=[0]) == 2 and pairs % 8 == 0
+        odd = (tidx >> 2) & 1  # this lane's accumulator rows (q and q + 8 of quad q) are odd
+        for k in cutlass.range_constexpr(pairs):
+            pair = cute.make_rmem_tensor((2,), Float32)
+            for e in cutlass.range_constexpr(2):
+                pair[e] = select_f32(odd, src_pairs[e, k ^ 4], src_pairs[e, k])
+            cute.copy(smem_copy_dQ, pair, dst_pairs[None, k ^ (odd << 2)])
 
     @cute.jit
     def epilogue_barrier(self):
