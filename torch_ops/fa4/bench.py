@@ -304,10 +304,10 @@ def bench_backward_shapes(args, dtype) -> None:
           f"ratio {varlen / dense:.3f}", flush=True)
 
 
-def host_step_us(head_dim: int, calls: int = 100) -> tuple[float, float]:
+def host_step_us(head_dim: int, causal: bool = True, calls: int = 100) -> tuple[float, float]:
     """CPU time per fa4 forward + backward step and per SDPA (cuDNN) step on a tiny problem
     (bench_host: launches queued, no sync in between; cuDNN chosen outside the loop)."""
-    return bench_host.step_us(head_dim, True, calls)
+    return bench_host.step_us(head_dim, causal, calls)
 
 
 def bench_varlen(args, dtype) -> None:
@@ -713,8 +713,10 @@ def main(argv=None):
           f"TFLOP/s (median of {args.rounds} x {args.iters} samples of 5 back-to-back calls, "
           f"providers rotated between rounds)")
     if args.backward:
-        fa4_us, cudnn_us = host_step_us(args.head_dims[0][0])
-        print(f"host time per forward + backward step (hd{args.head_dims[0][0]}, causal): fa4 {fa4_us:.0f} us, "
+        # The last mask timed (causal unless --causal no): partial builds may lack the other.
+        fa4_us, cudnn_us = host_step_us(args.head_dims[0][0], causals[-1])
+        print(f"host time per forward + backward step (hd{args.head_dims[0][0]}, "
+              f"{'causal' if causals[-1] else 'no mask'}): fa4 {fa4_us:.0f} us, "
               f"SDPA cuDNN {cudnn_us:.0f} us")
         bench_backward(args, dtype)
         if args.backward_shapes:
