@@ -390,6 +390,14 @@ class BwdConfig:
     # 427 / 513-520 / 512-515 -> 439 / 527-530 / 528-534, causal 307 / 475-476 / 517 -> 314 /
     # 486-489 / 535-536. Its 16 store addresses are held across the loop: off where that spills.
     dq_stage_exchange: bool = False
+    # S^T = K @ Q^T with K's A operand in registers, loaded once per CTA by ldmatrix ("keys"), so
+    # that the GEMM reads only Q from shared memory (the resource the backward is bound by, see
+    # docs/perf_notes.md). At hd64 the fragment is 16 registers. Same call, H200, bf16 16k tokens,
+    # backward alone TFLOP/s, two alternations, off -> on: hd64 without a mask 1k 444 -> 448, 4k
+    # 536-539 -> 551-555, 16k 531-534 -> 542-543; causal, where it spilled one word, 1k 313-314 ->
+    # 305-306, 4k 492 -> 474-477, 16k 540-542 -> 520. V's fragment beside it (dP^T) spilled 18
+    # words at hd64; hd128's 32-register fragment made ptxas serialise every WGMMA (C7512).
+    k_in_registers: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
@@ -465,6 +473,10 @@ def bwd_config(key: VariantKey) -> BwdConfig:
                                           or key.score_mod in catalog.TENSOR_SCORE_MODS)) or \
         (cfg.dq_split == "rows" and (key.score_mod == "alibi" or (key.mask == "local" and key.varlen)))
     cfg = replace(cfg, dq_stage_exchange=cfg.layout == "keys" and cfg.dq_split in ("cols", "rows") and not spills)
+    # K in registers where measured faster and spill-free: hd64's 128-query blocks without a mask,
+    # dense (packed sequences spilled 19 words with it; softcap's 64-query blocks not measured).
+    cfg = replace(cfg, k_in_registers=key.head_dim == 64 and cfg.dq_split == "rows" and key.mask == "none"
+                  and not key.varlen)
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
     assert STATS_BLOCK_ROWS % cfg.tile_m == 0
     # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.

@@ -106,6 +106,22 @@ def test_exchanged_dq_stores_only_where_measured_and_spill_free():
             assert cfg.layout == "keys" and cfg.dq_store == "tma" and cfg.dq_split in ("cols", "rows"), key.name
 
 
+def test_k_in_registers_only_where_measured_and_spill_free():
+    """BwdConfig.k_in_registers: hd64's dense unmasked 128-query blocks, in both dtypes; not
+    causal or packed (they spilled with it), not hd128 (WGMMAs serialised), not softcap's blocks."""
+    def k_regs(head_dim, mask="none", softcap=False, varlen=False, dtype="bf16"):
+        key = catalog.VariantKey("sm_90a", dtype, head_dim, head_dim, mask, softcap, varlen=varlen, kernel="bwd")
+        return heuristics.bwd_config(key).k_in_registers
+
+    for dtype in catalog.DTYPES:
+        assert k_regs(64, dtype=dtype)
+    assert not k_regs(64, "local") and not k_regs(64, varlen=True) and not k_regs(64, softcap=True)
+    assert not k_regs(64, catalog.SPARSE_MASK) and not any(k_regs(d) for d in (96, 128, 192, 256))
+    on = [key.name for key in catalog.all_variants()
+          if key.kernel == "bwd" and heuristics.bwd_config(key).k_in_registers]
+    assert sorted(on) == sorted(f"fa4_bwd_sm_90a_{dtype}_d64x64_none" for dtype in catalog.DTYPES)
+
+
 def test_compute_capability_from_arch():
     key = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False)
     assert key.compute_capability == (9, 0)
@@ -191,9 +207,11 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
         # to tile_m queries, padded to 32 floats, within the shared-memory budget.
         assert cfg.grad_window == ((15 + cfg.tile_m + 31) // 32 * 32 if key.score_mod == "relbias" else 0), key.name
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
-        # The score_mods' own fields, and the exchanged dQ stores that some of them spill with.
+        # The score_mods' own fields, the exchanged dQ stores that some of them spill with, and K in
+        # registers (dense unmasked hd64 only: not measured with the tables).
         assert dataclasses.replace(cfg, grad_address_per_tile=False, bias_waves=4, grad_window=0,
-                                   dq_stage_exchange=dense.dq_stage_exchange) == dense, key.name
+                                   dq_stage_exchange=dense.dq_stage_exchange,
+                                   k_in_registers=dense.k_in_registers) == dense, key.name
 
 
 def test_dead_blocks_are_skipped_where_warpgroups_contend():

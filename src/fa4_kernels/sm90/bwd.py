@@ -21,7 +21,9 @@ Roles (1 + 2 warpgroups: 384 threads):
     goes to shared memory (transposed, as dS) for dQ = dS @ K. Two ways to share the work, by
     head dim:
     "keys" (hd <= 128: dK/dV of 64 keys fit one warpgroup's registers): each warpgroup owns 64
-      keys and computes all of the above for them.
+      keys and computes all of the above for them; where registers allow (``k_in_registers``)
+      its K rows are S^T's A operand from registers, so that GEMM reads only Q^T from shared
+      memory.
     "keys_roles" (hd192, hd256: dK and dV of 64 keys would take 192-256 registers): both own
       the same 64 keys, one per side of the chain rule. Warpgroup 1 computes S^T, P^T and dV
       (dV's registers), warpgroup 2 dP^T, dS^T (P^T read back, fp32, from shared memory) and dK
@@ -141,6 +143,7 @@ class FlashAttentionBackwardSm90:
         grad_window: int = 0,
         bias_waves: int = 4,
         dq_stage_exchange: bool = False,
+        k_in_registers: bool = False,
     ):
         # Causal calls run the window kernel (is_local): their window's left side is unbounded
         # (catalog.BWD_MASKS).
@@ -177,6 +180,9 @@ class FlashAttentionBackwardSm90:
         self.bias_waves = bias_waves  # heuristics.BwdConfig
         assert not dq_stage_exchange or dq_store == "tma"
         self.dq_stage_exchange = dq_stage_exchange  # heuristics.BwdConfig
+        # S^T = K @ Q^T with K's A operand in registers, loaded once per CTA (heuristics.BwdConfig).
+        assert not k_in_registers or layout == "keys"
+        self.k_in_registers = k_in_registers
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -218,10 +224,7 @@ class FlashAttentionBackwardSm90:
                 for dim in (self.head_dim, self.head_dim_v)
             ]
         else:
-            sdp = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
-            )
+            sdp = self.score_mma(warpgroup.OperandSource.SMEM)
             dk, dv = [
                 sm90_utils.make_trivial_tiled_mma(
                     self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
@@ -236,6 +239,14 @@ class FlashAttentionBackwardSm90:
             atom_layout_mnk=dq_atoms, tiler_mn=(ROWS_PER_WG, self.dq_cols),
         )
         return sdp, dk, dv, dq
+
+    def score_mma(self, a_source) -> cute.TiledMma:
+        """"keys": the S^T / dP^T tiled MMA (K or V @ Q^T or dO^T, 64 keys per warpgroup), its A
+        operand from shared memory or (k_in_registers) registers."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m), a_source=a_source,
+        )
 
     def p_buffer_elems(self) -> int:
         """16-bit elements of the P buffer: "keys_roles"' fp32 P^T tile; a token one for "keys"."""
@@ -962,8 +973,14 @@ class FlashAttentionBackwardSm90:
         wg_mma_dk = tiled_mma_dk.get_slice(wg_idx * THREADS_PER_WG)
         wg_mma_dv = tiled_mma_dv.get_slice(wg_idx * THREADS_PER_WG)
         score_shape = (self.tile_n, self.tile_m)
-        # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory.
+        # S^T = K @ Q^T, dP^T = V @ dO^T: both operands K-major in shared memory, or K's from
+        # registers (k_in_registers: the same tiling with A from registers, filled by ldmatrix).
+        tiled_mma_s = tiled_mma_sdp
         tSrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+        if const_expr(self.k_in_registers):
+            tiled_mma_s = self.score_mma(warpgroup.OperandSource.RMEM)
+            wg_mma_s = tiled_mma_s.get_slice(wg_idx * THREADS_PER_WG)
+            tSrA = wg_mma_s.make_fragment_A(wg_mma_s.partition_shape_A((self.tile_n, self.head_dim)))
         tSrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
         tdPrA = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
         tdPrB = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
@@ -993,6 +1010,11 @@ class FlashAttentionBackwardSm90:
         m_masked_end, m_left_start = self.masked_query_blocks(block_info, seq, n_block, m_block_min, m_block_max)
 
         pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        if const_expr(self.k_in_registers):
+            k_copy = cute.make_tiled_copy_A(
+                cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+                tiled_mma_s).get_slice(tidx)
+            cute.copy(k_copy, k_copy.partition_S(sK), k_copy.retile(tSrA))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         accumulate = Int32(0)  # 0 on the CTA's first query block: dK/dV start from it
         for g in cutlass.range(group, unroll=1):
@@ -1006,7 +1028,7 @@ class FlashAttentionBackwardSm90:
                 bits = self.sparse_bits(mask, sparse_tables, sparse, i, thr_mma_sdp)
                 # (1) the scores and their gradients' dot products, transposed: S^T and dP^T.
                 pipeline_q.consumer_wait(state)
-                acc_S = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tSrA, tSrB, stage)
+                acc_S = self.score_gemm(tiled_mma_s, wg_mma_sdp, score_shape, tSrA, tSrB, stage)
                 pipeline_do.consumer_wait(state)
                 acc_dP = self.score_gemm(tiled_mma_sdp, wg_mma_sdp, score_shape, tdPrA, tdPrB, stage)
                 # A score_mod's loads are made in waves where they are added (ScoreBias.add): held
