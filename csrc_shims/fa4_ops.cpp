@@ -1139,7 +1139,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   const int32_t variant_mask = mask.kind == FA4_MASK_CAUSAL ? fa4_bwd_causal_mask : mask.kind;
   Candidates main_c =
       find_variants(dev, q.scalar_type(), d, dv, variant_mask, softcap > 0.0, varlen, FA4_KERNEL_BWD, score_kind);
-  Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, varlen, FA4_KERNEL_BWD_PRE);
+  // One preprocess serves dense and packed sequences (fa4_bwd_pre_params.varlen).
+  Candidates pre_c = find_variants(dev, q.scalar_type(), d, dv, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_PRE);
   Candidates post_c = find_variants(dev, q.scalar_type(), 0, 0, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_POST);
   if (main_c.family[0] < 0 || pre_c.family[0] < 0 || post_c.family[0] < 0)
     unsupported(dev, q, d, dv, variant_mask, softcap > 0.0, FA4_KERNEL_BWD);
@@ -1230,7 +1231,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
       n_score_grad.shape[0] = 0;
     }
   }
-  fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks};
+  fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks, varlen ? 1 : 0};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
                         varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first,
                         fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, tune.bwd_launch_group)};

@@ -442,8 +442,10 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
       (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
+  if (params->varlen != 0 && params->varlen != 1)
+    return fail(FA4_ERR_BAD_TENSOR, "params->varlen must be 0 or 1, got %d", params->varlen);
   int64_t b = out->shape[0], sq = out->shape[1], hq = out->shape[2];
-  int32_t varlen = variant->varlen;
+  int32_t varlen = params->varlen;
   int64_t num_seqs = varlen ? cu_seqlens_q->shape[0] - 1 : b;
   int64_t rows = stats_rows(sq, varlen ? num_seqs : -1);
   if (!same_shape4(dout, b, sq, hq, out->shape[3]) || dq_accum->shape[0] != b || dq_accum->shape[1] != sq ||

@@ -71,6 +71,7 @@ typedef struct {
   int32_t has_dlse;     /* 1: dlse holds the gradient flowing into the returned LSE */
   int32_t zero_rows;    /* zero dq_accum's rows below this one in each sequence */
   int32_t num_m_blocks; /* query blocks of tile_m rows of the longest sequence: the grid's x */
+  int32_t varlen;       /* 1: packed sequences delimited by cu_seqlens_q (batch dim 1); 0: dense */
 } fa4_bwd_pre_params;
 
 enum fa4_status {

@@ -6,8 +6,9 @@ Variants compile in long-lived worker processes, one per job, each importing the
 (CUTE_DSL_ARCH is read once per process, so a worker serves one arch). Objects are cached under
 ``--out`` by a content hash of the kernel sources, the variant key, its tile configuration and the
 DSL version, so an unchanged rebuild only relinks. The native library is then linked from the
-objects, a generated C stub per variant (cached too), the generated variant table and
-``csrc_shims/`` with the host C compiler; it links libcudart and nothing from the DSL wheel.
+objects, a generated C stub per variant (compiled in batches, cached too), the generated variant
+table and ``csrc_shims/`` with the host C compiler; it links libcudart and nothing from the DSL
+wheel.
 """
 from __future__ import annotations
 
@@ -416,11 +417,11 @@ def _compile_bwd_pre(key: catalog.VariantKey):
 
     cfg = heuristics.bwd_pre_config(key)
     dtype, bshd, vector, stats = _fake_inputs(key)
-    kernel = BackwardPreprocessSm90(dtype, key.head_dim, key.head_dim_v, cfg.tile_m, key.varlen)
+    kernel = BackwardPreprocessSm90(dtype, key.head_dim, key.head_dim_v, cfg.tile_m)
     return cute.compile(
         kernel, bshd(key.head_dim_v), bshd(key.head_dim_v), stats(), stats(),
         stats(divisibility=4, align=16), stats(divisibility=4, align=16), bshd(key.head_dim, Float32), vector(),
-        Int32(0), Int32(0), Int32(1), make_fake_stream(),
+        Int32(0), Int32(0), Int32(1), Int32(0), make_fake_stream(),
     )
 
 
@@ -494,7 +495,7 @@ WRAPPER_SCALARS = {
             "max_seqlen_q", "has_seqused_k", "pack_gqa", "tail_ctas", "page_size", "seqlen_new"),
     "bwd": ("softmax_scale", "softcap", "window_left", "window_right", "num_n_blocks", "has_seqused_k",
             "deterministic", "rotate", "store_first", "launch_group"),
-    "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks"),
+    "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks", "varlen"),
     "bwd_post": (),
 }
 
@@ -617,6 +618,12 @@ def find_cuda() -> tuple[Path, Path]:
 
 # Flags of every C object in libfa4.so: the stubs, the table and the shims.
 C_FLAGS = ["-fPIC", "-O2", "-std=c11", "-Wall", "-Wno-unused-function"]
+# The stubs are straight-line argument packing (a struct per tensor, one call), compiled in
+# batches of STUB_BATCH variants per translation unit at -O0: on the 2-core CPU machine all 464
+# took 43 s of CPU one per compile at -O2 (0.09 s each, most of it the compiler's start and the
+# CUDA headers), 0.36 s per batch of 32 at -O0 (-O1: 29 s for all of them in one unit).
+STUB_OPT = "-O0"
+STUB_BATCH = 32
 
 
 def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="", jobs: int = 1) -> Path:
@@ -632,10 +639,16 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="", jobs: int
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         ops_objects = [pool.submit(_compile_source, cmd, source, work_dir / f"{source.stem}.o")
                        for cmd, source in _ops_sources(inc)]
-        stubs = [pool.submit(_stub_object, key, header, c_cmd, work_dir / "stubs") for key, header in entries]
+        stub_cmd = [opt if opt != "-O2" else STUB_OPT for opt in c_cmd]
+        batches = [entries[i:i + STUB_BATCH] for i in range(0, len(entries), STUB_BATCH)]
+        stubs = [pool.submit(_stub_object, batch, stub_cmd, work_dir / "stubs") for batch in batches]
         table_c = work_dir / "fa4_variant_table.c"
         table_c.write_text(generate_table([key for key, _ in entries]))
-        objects = [f.result() for f in stubs] + [h.with_suffix(".o") for _, h in entries]
+        stub_objects = [f.result() for f in stubs]
+        for stale in (work_dir / "stubs").glob("*.o"):  # batches (or per-variant stubs) of earlier builds
+            if stale not in stub_objects:
+                stale.unlink(missing_ok=True)
+        objects = stub_objects + [h.with_suffix(".o") for _, h in entries]
         lib_dir.mkdir(parents=True, exist_ok=True)
         tmp_out = lib_dir / f".{LIB_NAME}.tmp"
         cmd = [*c_cmd, "-shared", "-Wl,-z,defs", "-Wl,--exclude-libs,ALL",
@@ -674,26 +687,30 @@ def _compile_source(cmd: list[str], source: Path, obj: Path) -> Path:
     return obj
 
 
-def _stub_object(key: catalog.VariantKey, header: Path, c_cmd: list[str], stub_dir: Path) -> Path:
-    """The variant's stub (generate_stub) compiled, cached under ``stub_dir`` by a hash of its
-    source, the headers it includes and the command. One table of all the stubs took 55 s to
-    compile on one core (10 MB after preprocessing); as one object each they compile on every
-    job, and a rebuild recompiles only those whose variant or generator changed."""
+def _stub_object(batch, c_cmd: list[str], stub_dir: Path) -> Path:
+    """The stubs (generate_stub) of ``batch`` ([(key, header)]) compiled as one object, cached
+    under ``stub_dir`` by a hash of their sources, the headers they include and the command (a
+    rebuild recompiles only the batches whose variants or generator changed; objects of batches
+    no longer built are removed by ``link``). One table of all the stubs at -O2 took 55 s on one
+    core; see STUB_OPT for why batches."""
     stub_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [*c_cmd, "-I", str(header.parent)]
-    source = generate_stub(key, header)
-    h = hashlib.sha256(json.dumps([source, header.read_text(), cmd]).encode())
+    cmd = list(c_cmd)
+    sources = []
+    for key, header in batch:
+        cmd += ["-I", str(header.parent)]
+        sources.append(generate_stub(key, header))
+    h = hashlib.sha256(json.dumps([sources, [header.read_text() for _, header in batch], cmd]).encode())
     for shim_header in sorted(SHIM_DIR.glob("*.h")):
         h.update(shim_header.read_bytes())
-    obj = stub_dir / f"{key.name}-{h.hexdigest()[:20]}.o"
-    for stale in stub_dir.glob(f"{key.name}-*.o"):
-        if stale != obj:
-            stale.unlink(missing_ok=True)
+    obj = stub_dir / f"stubs-{h.hexdigest()[:20]}.o"
     if obj.exists():
         return obj
-    source_path = stub_dir / f"{key.name}.c"
-    source_path.write_text(source)
-    return _compile_source(cmd, source_path, obj)
+    # Each stub keeps its own file (readable on its own) and the batch's unit includes them.
+    for (key, _), source in zip(batch, sources):
+        (stub_dir / f"{key.name}.c").write_text(source)
+    unit = stub_dir / f"stubs-{h.hexdigest()[:20]}.c"
+    unit.write_text("".join(f'#include "{key.name}.c"\n' for key, _ in batch))
+    return _compile_source(cmd, unit, obj)
 
 
 def build_rules(lib_dir: Path) -> Path:

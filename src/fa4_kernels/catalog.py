@@ -148,10 +148,11 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
             archs, DTYPES, BWD_HEAD_DIMS, BWD_MASKS, (False, True), (False, True)
         )
     ]
-    # The preprocess depends on no mask or softcap: one per backward (dtype, head dims, varlen).
+    # The preprocess depends on no mask or softcap, and takes packed sequences as a run-time
+    # argument: one per backward (dtype, head dims).
     preprocess = [
-        VariantKey(arch, dtype, hd, hdv, "none", False, varlen, kernel="bwd_pre")
-        for arch, dtype, (hd, hdv), varlen in itertools.product(archs, DTYPES, BWD_HEAD_DIMS, (False, True))
+        VariantKey(arch, dtype, hd, hdv, "none", False, kernel="bwd_pre")
+        for arch, dtype, (hd, hdv) in itertools.product(archs, DTYPES, BWD_HEAD_DIMS)
     ]
     # The postprocess converts a flat range: one per dtype (head dims 0: it serves every one).
     postprocess = [VariantKey(arch, dtype, 0, 0, "none", False, kernel="bwd_post")

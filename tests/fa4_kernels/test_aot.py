@@ -100,7 +100,7 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
         return "".join(f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[3];\n"
                        f"    int64_t dynamic_strides[2];\n}} {name}_Tensor_{t}_t;\n" for t in tensors)
     main = catalog.VariantKey("sm_90a", "bf16", 128, 128, "local", True, True, kernel="bwd")
-    pre = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, True, kernel="bwd_pre")
+    pre = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, kernel="bwd_pre")
     post = catalog.VariantKey("sm_90a", "fp16", 0, 0, "none", False, kernel="bwd_post")
     entries = []
     for key in (main, pre):
@@ -121,9 +121,10 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
             "params->launch_group, stream") in c
     assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
     assert "&t_sparse_bits, &t_score_params, &t_score_grad," in c
-    # The preprocess: statistics blocks of 128 rows, no K/V blocks.
+    # The preprocess: statistics blocks of 128 rows, no K/V blocks; dense or packed is its
+    # run-time argument.
     assert (f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 128, 0, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 128, 0, 0,') in c
     assert f"NULL, NULL, {pre.name}_bwd_pre, NULL}}" in c
     # The postprocess: one per dtype (head dims 0), a flat range in and out.
     assert post.name == "fa4_bwd_post_sm_90a_fp16"
@@ -131,7 +132,7 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0, 0,') in c
     assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
     assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
-    assert "params->has_dlse, params->zero_rows, params->num_m_blocks, stream" in c
+    assert "params->has_dlse, params->zero_rows, params->num_m_blocks, params->varlen, stream" in c
 
 
 def test_unexpected_header_is_rejected(tmp_path: Path):

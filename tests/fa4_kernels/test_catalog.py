@@ -63,10 +63,12 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
         # dQ through the finished Q/dO stages only where a staging buffer does not fit.
         with_staging = dataclasses.replace(cfg, dq_store="tma").smem_bytes(key.head_dim, key.head_dim_v)
         assert (cfg.dq_store == "stage") == (with_staging > heuristics.SMEM_LIMIT_SM90), key.name
-        # Each main kernel has the preprocess of its dtype, head dims and layout.
-        assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False, score_mod="none") in preprocess
+        # Each main kernel has the preprocess of its dtype and head dims (dense or packed is the
+        # preprocess's run-time argument).
+        assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False, score_mod="none",
+                                   varlen=False) in preprocess
     assert all(heuristics.kernel_config(p).tile_m == heuristics.STATS_BLOCK_ROWS for p in preprocess)
-    assert all((p.mask, p.softcap) == ("none", False) for p in preprocess)
+    assert all((p.mask, p.softcap, p.varlen) == ("none", False, False) for p in preprocess)
     # One postprocess (dQ's flat conversion) per (arch, dtype), serving every head dim.
     postprocess = [v for v in catalog.all_variants() if v.kernel == "bwd_post"]
     assert sorted((v.arch, v.dtype) for v in postprocess) == sorted({(v.arch, v.dtype) for v in backward})

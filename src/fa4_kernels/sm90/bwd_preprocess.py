@@ -9,7 +9,9 @@ padding unit (heuristics.STATS_BLOCK_ROWS):
 for every row of the block, the padding past the sequence's rows included (+inf and 0: the
 backward kernel loads whole blocks and relies on it). The statistics rows of packed sequences
 start at (cu_seqlens_q[i] + i * tile_m) rounded down to a multiple of tile_m (bwd.stats_offset),
-and every sequence writes at least one block (the backward visits one even with no rows).
+and every sequence writes at least one block (the backward visits one even with no rows). Packed
+or dense is a run-time argument: one kernel per (dtype, head dims) serves both (the choice is a
+few scalar loads per CTA; a twin per layout cost the build ~10 s).
 It also zeroes the fp32 dQ accumulator's rows below ``zero_rows`` of each sequence: all of them
 (packed sequences), or (dense, where the main kernel's first store into a query block replaces
 zeroing) those that see no key, whose query blocks no K/V block may visit.
@@ -27,7 +29,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.bwd import stats_offset
@@ -39,13 +41,12 @@ LOADS_IN_FLIGHT = 64  # elements of O (and of dO) one thread loads before summin
 
 
 class BackwardPreprocessSm90:
-    def __init__(self, dtype, head_dim: int, head_dim_v: int, tile_m: int, is_varlen: bool):
+    def __init__(self, dtype, head_dim: int, head_dim_v: int, tile_m: int):
         assert head_dim_v % VECTOR == 0 and head_dim % 4 == 0
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v
         self.tile_m = tile_m
-        self.is_varlen = is_varlen
         self.threads_per_row = math.gcd(head_dim_v // VECTOR, 16)
         self.vectors_per_thread = head_dim_v // VECTOR // self.threads_per_row
         self.rows_per_pass = THREADS // self.threads_per_row
@@ -67,10 +68,11 @@ class BackwardPreprocessSm90:
         mLSE2: cute.Tensor,  # (batch, heads_q, padded rows) fp32
         mdPsum: cute.Tensor,  # (batch, heads_q, padded rows) fp32
         mdQaccum: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim) fp32; rows below zero_rows zeroed
-        mCuSeqlensQ: cute.Tensor,  # varlen: (batch + 1,) int32
+        mCuSeqlensQ: cute.Tensor,  # packed sequences: (batch + 1,) int32
         has_dlse: Int32,
         zero_rows: Int32,
         num_m_blocks: Int32,  # query blocks of the longest sequence (the grid's x)
+        is_varlen: Int32,  # 1: packed sequences delimited by mCuSeqlensQ (batch dim 1)
         stream: cuda.CUstream,
     ):
         mO, mdO, mdQaccum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -78,9 +80,9 @@ class BackwardPreprocessSm90:
         mLSE, mdLSE, mLSE2, mdPsum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
                                       for t in (mLSE, mdLSE, mLSE2, mdPsum)]
         batches = cute.size(mO.shape[3])
-        if const_expr(self.is_varlen):
+        if is_varlen != 0:
             batches = cute.size(mCuSeqlensQ.shape[0]) - 1
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlensQ, has_dlse, zero_rows).launch(
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlensQ, has_dlse, zero_rows, is_varlen).launch(
             grid=(num_m_blocks, cute.size(mO.shape[2]), batches), block=[THREADS, 1, 1], stream=stream,
         )
 
@@ -97,14 +99,18 @@ class BackwardPreprocessSm90:
         mCuSeqlensQ: cute.Tensor,
         has_dlse: Int32,
         zero_rows: Int32,
+        is_varlen: Int32,
     ):
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch_idx = cute.arch.block_idx()
-        seq = SeqlenInfo.create(batch_idx, mO.shape[0], mO.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensQ,
-                                mCuSeqlensQ, Int32(0))
-        data_batch = 0 if const_expr(self.is_varlen) else batch_idx
-        stats_row0 = stats_offset(seq, batch_idx, self.tile_m, self.is_varlen)
-        if m_block < cutlass.max(cute.ceil_div(seq.seqlen_q, self.tile_m), 1):
+        seqlen_q, offset_q = mO.shape[0], Int32(0)
+        data_batch, stats_row0 = batch_idx, Int32(0)
+        if is_varlen != 0:
+            packed = SeqlenInfo.create(batch_idx, mO.shape[0], mO.shape[0], True, mCuSeqlensQ, mCuSeqlensQ,
+                                       mCuSeqlensQ, Int32(0))
+            seqlen_q, offset_q = packed.seqlen_q, packed.offset_q
+            data_batch, stats_row0 = Int32(0), stats_offset(packed, batch_idx, self.tile_m, True)
+        if m_block < cutlass.max(cute.ceil_div(seqlen_q, self.tile_m), 1):
             lane = tidx % self.threads_per_row
             passes = self.tile_m // self.rows_per_pass
             first_row = m_block * self.tile_m + tidx // self.threads_per_row
@@ -115,10 +121,10 @@ class BackwardPreprocessSm90:
                 row = first_row + j * self.rows_per_pass
                 lse[j] = Float32(float("inf"))
                 dlse[j] = Float32(0.0)
-                if row < seq.seqlen_q:
-                    lse[j] = mLSE[seq.offset_q + row, head, data_batch]
+                if row < seqlen_q:
+                    lse[j] = mLSE[offset_q + row, head, data_batch]
                     if has_dlse != 0:
-                        dlse[j] = mdLSE[seq.offset_q + row, head, data_batch]
+                        dlse[j] = mdLSE[offset_q + row, head, data_batch]
             batch = self.passes_per_batch
             for b in cutlass.range_constexpr(passes // batch):
                 # A batch of passes' loads first (in flight together), then their sums.
@@ -128,11 +134,11 @@ class BackwardPreprocessSm90:
                 rdO.fill(0.0)
                 for j in cutlass.range_constexpr(batch):
                     row = first_row + (b * batch + j) * self.rows_per_pass
-                    if row < seq.seqlen_q:
+                    if row < seqlen_q:
                         for v in cutlass.range_constexpr(self.vectors_per_thread):
                             col = (v * self.threads_per_row + lane) * VECTOR
                             for src, dst in ((mO, rO), (mdO, rdO)):
-                                cute.autovec_copy(cute.local_tile(src[seq.offset_q + row, None, head, data_batch],
+                                cute.autovec_copy(cute.local_tile(src[offset_q + row, None, head, data_batch],
                                                                   (VECTOR,), (col // VECTOR,)), dst[None, v, j])
                 for j in cutlass.range_constexpr(batch):
                     p = b * batch + j
@@ -141,14 +147,14 @@ class BackwardPreprocessSm90:
             if m_block * self.tile_m < zero_rows:
                 # The block's rows of dQ's fp32 accumulator, in 16-byte stores.
                 per_row = self.head_dim // 4
-                rows = cutlass.min(seq.seqlen_q, zero_rows)
+                rows = cutlass.min(seqlen_q, zero_rows)
                 for i in cutlass.range_constexpr(self.tile_m * per_row // THREADS):
                     idx = i * THREADS + tidx
                     row = m_block * self.tile_m + idx // per_row
                     if row < rows:
                         zeros = cute.make_rmem_tensor((4,), Float32)
                         zeros.fill(0.0)
-                        cute.autovec_copy(zeros, cute.local_tile(mdQaccum[seq.offset_q + row, None, head, data_batch],
+                        cute.autovec_copy(zeros, cute.local_tile(mdQaccum[offset_q + row, None, head, data_batch],
                                                                  (4,), (idx % per_row,)))
 
     @cute.jit
