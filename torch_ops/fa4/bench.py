@@ -35,6 +35,9 @@ import fa4
 from fa4 import bench_host
 
 
+DEFAULT_PROVIDERS = "fa4,cuDNN,FA2"
+
+
 def time_ms(fn, warmup: int, iters: int, calls_per_sample: int = 5) -> float:
     """Median over ``iters`` samples of the mean time of ``calls_per_sample`` back-to-back calls."""
     return statistics.median(sample_ms(fn, warmup, iters, calls_per_sample))
@@ -197,7 +200,11 @@ def backward_providers(causal: bool, names):
 def bench_backward(args, dtype) -> list:
     """The forward alone, forward + backward steps (FLOPs: 3.5x the forward's) and the backward
     alone (2.5x), every provider on its own inputs; rows for the summary table."""
-    names = [n for n in args.providers.split(",") if n in ("fa4", "cuDNN", "FA2")] + ["fa4det"]
+    # fa4's deterministic mode ("fa4det") runs unless --providers names a set without it.
+    asked = args.providers.split(",")
+    names = [n for n in asked if n in ("fa4", "cuDNN", "FA2")]
+    if "fa4det" in asked or args.providers == DEFAULT_PROVIDERS:
+        names.append("fa4det")
     rows = []
     print("\nbackward: TFLOP/s of the forward, of forward + backward steps (3.5x forward FLOPs) and of the "
           "backward alone (2.5x)")
@@ -643,7 +650,9 @@ def main(argv=None):
     ap.add_argument("--flex-score", action="store_true",
                     help="also time fa4's in-kernel score_mods (alibi, a learned relative bias, a learned bias "
                          "tensor) with a causal mask")
-    ap.add_argument("--providers", default="fa4,cuDNN,FA2", help="comma-separated subset to time")
+    ap.add_argument("--providers", default=DEFAULT_PROVIDERS,
+                    help="comma-separated subset to time (the backward adds fa4det, fa4's deterministic mode, "
+                         "unless a set without it is given)")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
     ap.add_argument("--gqa-decode", action="store_true",
