@@ -189,6 +189,7 @@ def _compile_fwd(key: catalog.VariantKey):
         bias_uniform_tiles=cfg.bias_uniform_tiles,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
         exp2_fma=cfg.exp2_fma, stamps=env_settings()["diag_stamps"], trace=key.trace,
+        alibi_by_mma=cfg.alibi_by_mma,
     )
     semaphores, partials = vector(align=16), vector(Float32, 16)
     # KV cache (placeholders elsewhere): the page table (batch, max_pages) int32, rows contiguous,

@@ -23,6 +23,11 @@ SPARSE_MASK = "sparse"
 # tensor is read as fp32 ("bias") or in the inputs' dtype ("bias16").
 TENSOR_SCORE_MODS = ("bias", "bias16")  # the kinds that read a bias tensor
 SCORE_MODS = ("alibi", "relbias") + TENSOR_SCORE_MODS
+# ALiBi's per-column part by the tensor cores (heuristics.FwdConfig.alibi_by_mma): one k16 slice of
+# Q @ K^T whose first ALIBI_SLOPE_TERMS columns hold the slope's 16-bit terms (A) and the keys'
+# offsets (B). Used by the kernel (sm90/fwd.py) and its shared-memory count (heuristics).
+ALIBI_MMA_COLS = 16
+ALIBI_SLOPE_TERMS = 3
 # KV-cache forwards (fa4.attention_with_kvcache; src/fa4_kernels/kv_cache.py): K/V through a page
 # table (a contiguous cache is one page per sequence), appended rows written by the kernel. Dense
 # query batches, every head dim and softcap; regular tiles. One mask kind, the window: no mask and

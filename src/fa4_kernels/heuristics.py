@@ -143,13 +143,23 @@ class FwdConfig:
     # 519/578/577. Hopper's softmax is bound by issue slots, not by MUFU: an emulated exponential
     # takes ~10 issue slots (clamp, 3 FADD, 4 FFMA, IMAD) where MUFU takes one.
     exp2_fma: int = 0
+    # ALiBi (block-sparse variants): the bias's per-column part, slope * the key's offset in its
+    # block, added by the tensor cores as one more k16 step of Q @ K^T (A: the row's slope /
+    # softmax_scale split into three 16-bit terms, B: the key offsets; sm90/fwd.py), so no FFMA
+    # per score, and the row max guessed as without a bias. H100, same call, hd128 causal 16k
+    # tokens, forward TFLOP/s (fa4's causal kernel 715-790 beside): per-score FFMA and row max
+    # 667-668, by MMA 725-731, by MMA with the guess 754-765 (0.99-1.06x causal); fwd+bwd 559-568
+    # -> 591-593.
+    alibi_by_mma: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q = self.tile_m * head_dim
         o = 0 if self.o_in_v else self.tile_m * head_dim_v
         kv = self.num_stages * self.tile_n * (head_dim + head_dim_v)
         lse = self.tile_m * 4 if self.lse_bulk_store else 0
-        return (q + o + kv) * elem_bytes + lse + SMEM_RESERVED
+        # alibi_by_mma's two 16-column operands, each 1024-byte aligned.
+        alibi = (self.tile_m + self.tile_n) * catalog.ALIBI_MMA_COLS * elem_bytes + 1024 if self.alibi_by_mma else 0
+        return (q + o + kv) * elem_bytes + lse + alibi + SMEM_RESERVED
 
 
 def place_buffers(cfg: FwdConfig, head_dim: int, head_dim_v: int) -> FwdConfig:
@@ -197,10 +207,13 @@ def sparse_fwd_config(key: VariantKey) -> FwdConfig:
         bias_waves = 4
     cfg = FwdConfig(tile_m=128, tile_n=tile_n, num_stages=2,
                     pv_wait="softmax" if key.head_dim_v > 128 else "first_exps")
-    # In-kernel score_mods take the row max: with the speculative path their variants executed two
-    # exponentials per score (ncu, hd128 causal 16k: 134M MUFU against 68M, 1.92 ms; without it
-    # 70M, 1.63 ms; the same tables without a bias 1.42 ms).
-    if speculative_max_pays(key) and key.score_mod == "none":
+    # In-kernel score_mods with a per-score add take the row max: with the speculative path their
+    # variants executed two exponentials per score (ncu, hd128 causal 16k: 134M MUFU against 68M,
+    # 1.92 ms; without it 70M, 1.63 ms; the same tables without a bias 1.42 ms). ALiBi's bias
+    # comes from the tensor cores instead (FwdConfig.alibi_by_mma) and guesses as without one.
+    if key.score_mod == "alibi":
+        cfg = replace(cfg, alibi_by_mma=True)
+    if speculative_max_pays(key) and key.score_mod in ("none", "alibi"):
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD, speculative_max=True, pv_wait="first_exps")
     elif key.head_dim_v > 64:
         cfg = replace(cfg, rescale_threshold=RESCALE_THRESHOLD)

@@ -89,8 +89,10 @@ def wgmma(
     tCrB: cute.Tensor,
     accumulate,  # Python bool or run-time Boolean; False: the first K slice overwrites acc
     wait_groups: cutlass.Constexpr[int],
+    more_k=None,
 ):
-    """Issue one warpgroup GEMM acc (+)= A @ B over all K slices and commit it as one group.
+    """Issue one warpgroup GEMM acc (+)= A @ B over all K slices and commit it as one group;
+    ``more_k``: (A, B) fragments of further K slices accumulated in the same group.
 
     ``wait_groups`` >= 0 waits until at most that many committed groups are in flight; -1 returns
     with the GEMM still running (the caller waits later, overlapping other work with it).
@@ -101,6 +103,10 @@ def wgmma(
     for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
+    if const_expr(more_k is not None):
+        tCrA2, tCrB2 = more_k
+        for k in cutlass.range_constexpr(cute.size(tCrA2.shape[2])):
+            cute.gemm(atom, acc, tCrA2[None, None, k], tCrB2[None, None, k], acc)
     warpgroup.commit_group()
     if const_expr(wait_groups >= 0):
         warpgroup.wait_group(wait_groups)

@@ -359,6 +359,18 @@ class ScoreBias:
                 acc_mn[r, c] = acc_mn[r, c] + self.factor * Float32(sign * t0ScS[0, c][1])
         return offsets
 
+    @cute.jit
+    def alibi_row_offsets(self, thr_mma: cute.ThrMma, first_row: Int32, first_col: Int32):
+        """ALiBi's bias less its per-column part (the forward's alibi_by_mma: the tensor cores add
+        slope * the key's offset in the block): slope * (the block's first key - the row), per
+        row of this thread's fragment, for the softmax (as apply_split's row part)."""
+        tScS, _ = self._coords(thr_mma)
+        rows = cute.size(tScS, mode=[0])
+        offsets = cute.make_rmem_tensor((rows,), Float32)
+        for r in cutlass.range_constexpr(rows):
+            offsets[r] = self.factor * Float32(first_col - (first_row + tScS[r, 0][0]))
+        return offsets
+
     def _diagonals(self, t0ScS, rows: int, cols: int) -> dict:
         """The thread's fragment grouped by diagonal (key - query), at compile time: {first
         (row, column) of a diagonal: its (row, column)s}. Rows 8 apart and columns 8 apart share

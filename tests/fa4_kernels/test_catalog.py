@@ -175,6 +175,12 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
         assert not key.varlen and key.tiles == "regular"
         assert cfg.tile_m == 128 and cfg.tile_n % 32 == 0 and 128 % cfg.tile_n == 0, key.name
         assert not cfg.split_tail and not cfg.skip_dead_blocks and cfg.lse_bulk_store, key.name
+        # ALiBi's per-column part by the tensor cores, and so the guessed row max as without a bias;
+        # the other score_mods add per score and take the row max.
+        assert cfg.alibi_by_mma == (key.score_mod == "alibi"), key.name
+        if key.score_mod != "none":
+            assert cfg.speculative_max == (key.score_mod == "alibi"), key.name
+        assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
     assert {heuristics.fwd_config(k).tile_n for k in sparse if k.head_dim_v > 128} == {64}
     for key in (k for k in sparse if k.score_mod in catalog.TENSOR_SCORE_MODS):
         # A bias tensor's entries: loaded under the score GEMM at hd64/hd128 with 64-key blocks
@@ -240,12 +246,13 @@ def test_rescale_threshold_where_o_rescale_is_costly_or_the_max_is_guessed():
     assert 0.0 < heuristics.RESCALE_THRESHOLD <= 16.0  # probabilities up to 2^threshold: bf16/fp16-safe
 
 
-def test_speculative_max_everywhere_but_with_softcap_or_a_score_mod():
-    # Measured +2-12% without softcap, 17-28% slower with it; with an in-kernel score_mod it ran two
-    # exponentials per score (docs/perf_notes.md).
+def test_speculative_max_everywhere_but_with_softcap_or_a_per_score_bias():
+    # Measured +2-12% without softcap, 17-28% slower with it; with an in-kernel score_mod adding per
+    # score it ran two exponentials per score (docs/perf_notes.md); ALiBi's bias comes from the
+    # tensor cores (alibi_by_mma) and guesses.
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
-        assert cfg.speculative_max == (not key.softcap and key.score_mod == "none"), key.name
+        assert cfg.speculative_max == (not key.softcap and key.score_mod in ("none", "alibi")), key.name
         if cfg.speculative_max:
             # the guess holds where a row keeps its max, which only the threshold makes the rule;
             # and the P @ V wait after all exponentials kept every probability live (spills)

@@ -42,6 +42,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
+from fa4_kernels.catalog import ALIBI_MMA_COLS, ALIBI_SLOPE_TERMS
 from fa4_kernels.kv_cache import CHUNK_ROWS, PagedKV
 from fa4_kernels.hopper_mma import (
     always_one_after,
@@ -122,6 +123,7 @@ class FlashAttentionForwardSm90:
         exp2_fma: int = 0,
         stamps: str = "",
         trace: bool = False,
+        alibi_by_mma: bool = False,
     ):
         assert not (is_causal and is_local), "causal is passed as its own variant, not as local"
         assert tile_m // ROWS_PER_WG in CONSUMER_REGS and tile_m % ROWS_PER_WG == 0, "1 to 4 consumer warpgroups"
@@ -140,6 +142,11 @@ class FlashAttentionForwardSm90:
         # A built-in score_mod's bias on every score (score_mod.ScoreBias): block-sparse calls only,
         # without softcap (fa4.flex_attention's path).
         self.score_mod = score_mod
+        # ALiBi's per-column part (slope * the key's offset in its block) as one more k16 step of
+        # Q @ K^T: A holds each row's slope / softmax_scale in three 16-bit terms (their sum is the
+        # fp32 value; products with offsets below 256 are exact), B the offsets, written once per
+        # CTA (heuristics.FwdConfig.alibi_by_mma).
+        self.alibi_by_mma = alibi_by_mma and score_mod == "alibi"
         assert score_mod == "none" or (block_sparse and not has_softcap), "score_mods: block-sparse, no softcap"
         # K/V read from a paged KV cache through a page table, k_new/v_new appended to it (kv_cache.py):
         # dense query batches, every mask; the schedule as for dense calls.
@@ -398,6 +405,7 @@ class FlashAttentionForwardSm90:
 
         # O gets its own staging buffer when it fits, else it reuses V's (see __init__).
         cosize_O = 0 if const_expr(self.o_in_v) else cute.cosize(sO_layout)
+        cosize_alibi = [cute.cosize(layout) if const_expr(self.alibi_by_mma) else 0 for layout in self.alibi_layouts()]
 
         @cute.struct
         class SharedStorage:
@@ -410,6 +418,8 @@ class FlashAttentionForwardSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_O], 1024]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m if self.lse_bulk_store else 0], 128]
+            sAlibiQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_alibi[0]], 1024]
+            sAlibiK: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_alibi[1]], 1024]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * HANDOFF_SLOTS]
             next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS]
 
@@ -543,6 +553,11 @@ class FlashAttentionForwardSm90:
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sAlibi = None
+        if const_expr(self.alibi_by_mma):
+            q_layout, k_layout = self.alibi_layouts()
+            sAlibi = (storage.sAlibiQ.get_tensor(q_layout.outer, swizzle=q_layout.inner),
+                      storage.sAlibiK.get_tensor(k_layout.outer, swizzle=k_layout.inner))
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         # sO: the (tile_m, dv) tile the accumulators are written to; sO_parts: what one TMA store
         # reads, (64, dv, warpgroup) parts with a per-warpgroup epilogue, else the tile itself.
@@ -600,8 +615,13 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache,
+                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache, sAlibi,
             )
+
+    def alibi_layouts(self):
+        """alibi_by_mma's operands in shared memory: (tile_m, 16) for A, (tile_n, 16) for B."""
+        return (make_smem_layout(self.dtype, self.tile_m, ALIBI_MMA_COLS),
+                make_smem_layout(self.dtype, self.tile_n, ALIBI_MMA_COLS))
 
     @cute.jit
     def load(
@@ -793,6 +813,7 @@ class FlashAttentionForwardSm90:
         sparse_tables,
         mScoreParams: cute.Tensor,
         kv_cache,
+        sAlibi,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -801,6 +822,12 @@ class FlashAttentionForwardSm90:
         wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * THREADS_PER_WG)
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        qk_more = None  # alibi_by_mma: Q @ K^T's extra K slice
+        if const_expr(self.alibi_by_mma):
+            sAlibiQ, sAlibiK = sAlibi
+            qk_more = (wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sAlibiQ)),
+                       wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sAlibiK)))
+            self.fill_alibi_offsets(sAlibiK, tidx)
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(transpose_smem_view(sV)))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = new_accumulator(wg_mma_pv, (self.tile_m, self.head_dim_v))
@@ -888,7 +915,11 @@ class FlashAttentionForwardSm90:
                 bias = ScoreBias.create(self.score_mod, self.tile_m, self.tile_n, False, mScoreParams, head_idx,
                                         Float32(LOG2_E) / softmax.scale_log2, batch_idx, self.bias_uniform_tiles)
                 n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
-                if const_expr(self.score_mod == "alibi"):  # its row part goes to the softmax
+                if const_expr(self.alibi_by_mma):  # the columns' part by the GEMM, the rows' to the softmax
+                    self.fill_alibi_slopes(sAlibi[0], bias.factor, tidx, wg_idx)
+                    adder = lambda first_key, loaded: (  # noqa: E731
+                        lambda acc: bias.alibi_row_offsets(thr_mma_qk, rows.first_row, first_key))
+                elif const_expr(self.score_mod == "alibi"):  # its row part goes to the softmax
                     adder = lambda first_key, loaded: (  # noqa: E731
                         lambda acc: bias.apply_split(acc, thr_mma_qk, rows.first_row, first_key))
                 elif const_expr(self.bias_waves > 0):
@@ -939,7 +970,7 @@ class FlashAttentionForwardSm90:
             pipeline_k.consumer_wait(kv_state)
             self.scheduler_wait()
             acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1, qk_more)
             self.scheduler_signal()
             bias_of = None
             if const_expr(bias_at is not None):
@@ -999,7 +1030,7 @@ class FlashAttentionForwardSm90:
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
                 rows.first_row, mask_right, mask_left, pipeline_q, q_state, n_block_min, stamps, bits_of,
-                bias_at, before_first_pv,
+                bias_at, before_first_pv, qk_more,
             )
             if const_expr(self.block_sparse):
                 # The partial blocks after the first, each with its slot's bits, then the full ones.
@@ -1217,6 +1248,7 @@ class FlashAttentionForwardSm90:
         bits_of=None,
         bias_at=None,
         before_first_pv=None,
+        qk_more=None,
     ):
         """Q @ K^T of ``n_block`` overlapped with P @ V of the block after it. ``bits_of``
         (block-sparse partial blocks): loads the block's mask bits (AttentionMask.load_bits),
@@ -1237,7 +1269,7 @@ class FlashAttentionForwardSm90:
         self.scheduler_wait()
         stamp(2)
         acc_S = new_accumulator(thr_mma_qk, (self.tile_m, self.tile_n))
-        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1)
+        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1, qk_more)
         pipeline_v.consumer_wait(v_state)
         if const_expr(before_first_pv is not None):
             if n_block == n_block_max - 2:
@@ -1413,6 +1445,47 @@ class FlashAttentionForwardSm90:
             pipeline_k.consumer_release(kv_state)
             kv_state.advance()
         return kv_state
+
+    @cute.jit
+    def fill_alibi_offsets(self, sAlibiK: cute.Tensor, tidx: Int32):
+        """alibi_by_mma's B operand, once per CTA: each key's offset in the block in the slope
+        terms' columns, zeros elsewhere; fenced for the WGMMAs and synced over the consumers (the
+        id of EPILOGUE_SMEM_FREE, before any epilogue)."""
+        col = tidx % ALIBI_MMA_COLS
+        for i in cutlass.range_constexpr(self.tile_n * ALIBI_MMA_COLS // self.num_mma_threads):
+            row = tidx // ALIBI_MMA_COLS + i * (self.num_mma_threads // ALIBI_MMA_COLS)
+            value = Float32(0.0)
+            if col < ALIBI_SLOPE_TERMS:
+                value = Float32(row)
+            sAlibiK[row, col] = self.dtype(value)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_SMEM_FREE), number_of_threads=self.num_mma_threads)
+
+    @cute.jit
+    def fill_alibi_slopes(self, sAlibiQ: cute.Tensor, factor: Float32, tidx: Int32, wg_idx: Int32):
+        """alibi_by_mma's A operand, per tile: this warpgroup's rows hold the tile's slope /
+        softmax_scale as three 16-bit terms (each the rounding of what the ones before leave) in
+        columns 0-2. The warpgroup's previous Q @ K^T has completed (its tile's last wait) and the
+        other warpgroups read only their own rows: fenced and synced per warpgroup (the ids of
+        EPILOGUE_WG_SMEM_FREE, outside the epilogue, as split_partials uses them)."""
+        first = self.dtype(factor)
+        rest = factor - Float32(first)
+        second = self.dtype(rest)
+        third = self.dtype(rest - Float32(second))
+        lane = tidx % THREADS_PER_WG
+        col = lane % ALIBI_MMA_COLS
+        value = Float32(0.0)
+        if col == 0:
+            value = Float32(first)
+        if col == 1:
+            value = Float32(second)
+        if col == 2:
+            value = Float32(third)
+        for i in cutlass.range_constexpr(ROWS_PER_WG * ALIBI_MMA_COLS // THREADS_PER_WG):
+            row = wg_idx * ROWS_PER_WG + lane // ALIBI_MMA_COLS + i * (THREADS_PER_WG // ALIBI_MMA_COLS)
+            sAlibiQ[row, col] = self.dtype(value)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=int(FwdBarrier.EPILOGUE_WG_SMEM_FREE) + wg_idx, number_of_threads=THREADS_PER_WG)
 
     @cute.jit
     def scheduler_wait(self):
