@@ -646,8 +646,8 @@ def link(entries, lib_dir: Path, work_dir: Path, archs=(), pattern="", jobs: int
         table_c = work_dir / "fa4_variant_table.c"
         table_c.write_text(generate_table([key for key, _ in entries]))
         stub_objects = [f.result() for f in stubs]
-        for stale in (work_dir / "stubs").glob("*.o"):  # batches (or per-variant stubs) of earlier builds
-            if stale not in stub_objects:
+        for stale in [*(work_dir / "stubs").glob("*.o"), *(work_dir / "stubs").glob("stubs-*.c")]:
+            if stale.with_suffix(".o") not in stub_objects:  # batches (or per-variant stubs) of earlier builds
                 stale.unlink(missing_ok=True)
         objects = stub_objects + [h.with_suffix(".o") for _, h in entries]
         lib_dir.mkdir(parents=True, exist_ok=True)
