@@ -9,7 +9,11 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime in diagnostics builds */
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stddef.h>
+
+#include "fa4_rules.h"
+#include "fa4_variant_table.h"
 
 #define FA4_EXPORT __attribute__((visibility("hidden")))
 
@@ -95,8 +99,73 @@ static double now_us(void) {
 }
 #endif
 
+/* ------------------------------------------------------------------ clustered launches */
+/* The clusters a launch asks for (1: none). */
+static unsigned cluster_size(const cudaLaunchConfig_t *config) {
+  for (unsigned i = 0; i < config->numAttrs; i++)
+    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) {
+      unsigned x = config->attrs[i].val.clusterDim.x, y = config->attrs[i].val.clusterDim.y;
+      unsigned z = config->attrs[i].val.clusterDim.z;
+      return x * y * z;
+    }
+  return 1;
+}
+
+/* The device's answer per (kernel, device): the clustered variants take one configuration each
+ * (one CTA per SM, their block and shared memory fixed), so it is asked once. */
+#define CLUSTER_ANSWERS 64
+typedef struct {
+  const void *func;
+  int device;
+  int active;
+} cluster_answer;
+static cluster_answer cluster_answers[CLUSTER_ANSWERS];
+static int cluster_answer_count;
+static pthread_mutex_t cluster_lock = PTHREAD_MUTEX_INITIALIZER;
+static int32_t pretended_clusters = -1;
+static __thread int32_t last_active_clusters = -1;
+
+void fa4_pretend_active_clusters(int32_t clusters) { __atomic_store_n(&pretended_clusters, clusters, __ATOMIC_RELAXED); }
+int32_t fa4_last_active_clusters(void) { return last_active_clusters; }
+
+/* How many of this launch's clusters the device holds at once (0 where it cannot tell). */
+static int active_clusters(const cudaLaunchConfig_t *config, const void *func, int device) {
+  int32_t pretended = __atomic_load_n(&pretended_clusters, __ATOMIC_RELAXED);
+  if (pretended >= 0) return pretended;
+  int active = -1;
+  pthread_mutex_lock(&cluster_lock);
+  for (int i = 0; i < cluster_answer_count; i++)
+    if (cluster_answers[i].func == func && cluster_answers[i].device == device) active = cluster_answers[i].active;
+  if (active < 0) {
+    if (cudaOccupancyMaxActiveClusters(&active, func, config) != cudaSuccess) {
+      (void)cudaGetLastError(); /* not sticky: leave nothing behind for the caller's next check */
+      active = 0;
+    }
+    if (cluster_answer_count < CLUSTER_ANSWERS)
+      cluster_answers[cluster_answer_count++] = (cluster_answer){func, device, active};
+  }
+  pthread_mutex_unlock(&cluster_lock);
+  return active;
+}
+
+/* A clustered launch goes ahead only where the device fits enough of its clusters at once
+ * (fa4_clusters_fit); otherwise FA4_CLUSTERS_DO_NOT_FIT, with nothing enqueued, and the shim runs
+ * the variant's 1-CTA twin (fa4_variant.fallback). */
+static cudaError_t check_clusters(const cudaLaunchConfig_t *config, const void *func) {
+  unsigned size = cluster_size(config);
+  if (size <= 1) return cudaSuccess;
+  int device, num_sms;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  last_active_clusters = active_clusters(config, func, device);
+  return fa4_clusters_fit(last_active_clusters, (int32_t)size, num_sms) ? cudaSuccess : FA4_CLUSTERS_DO_NOT_FIT;
+}
+
 FA4_EXPORT cudaError_t _cudaLaunchKernelEx(const cudaLaunchConfig_t *config, const void *func,
                                            void **args) {
+  cudaError_t fits = check_clusters(config, func);
+  if (fits != cudaSuccess) return fits;
 #ifdef FA4_DIAG_HOST_TIMING
   double start = now_us();
   cudaError_t err = cudaLaunchKernelExC(config, func, args);

@@ -1144,12 +1144,17 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   Candidates post_c = find_variants(dev, q.scalar_type(), 0, 0, FA4_MASK_NONE, false, false, FA4_KERNEL_BWD_POST);
   if (main_c.family[0] < 0 || pre_c.family[0] < 0 || post_c.family[0] < 0)
     unsupported(dev, q, d, dv, variant_mask, softcap > 0.0, FA4_KERNEL_BWD);
-  const fa4_variant &main_v = fa4_variants[main_c.family[0]], &pre_v = fa4_variants[pre_c.family[0]];
+  fa4_tuning tune = tuning();
+  // The tile family: 2-CTA clusters ("long") where built and measured faster; the shim runs the
+  // regular twin instead where the device does not fit them (fa4_variant.fallback).
+  const int32_t main_index = main_c.family[fa4_bwd_tile_family(mask.kind, sk, varlen != nullptr, deterministic,
+                                                               main_c.family[FA4_TILES_LONG] >= 0,
+                                                               tune.bwd_clusters)];
+  const fa4_variant &main_v = fa4_variants[main_index], &pre_v = fa4_variants[pre_c.family[0]];
   if (sparse)
     FA4_VALUE(sparse->tile_m == main_v.tile_m && sparse->tile_n == main_v.tile_n,
               "the backward tables were built for (tile_m, tile_n) = (", sparse->tile_m, ", ", sparse->tile_n,
               "); this kernel's tiles are (", main_v.tile_m, ", ", main_v.tile_n, ") (fa4.block_sparse.kernel_tile)");
-  fa4_tuning tune = tuning();
   void *stream = current_stream(device);
   phases.mark("select");
   q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout), out = tma_ready(out);
@@ -1242,7 +1247,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
                                     &cu_q, &pre_params, stream),
                  "backward preprocess");
     phases.mark("launch preprocess");
-    check_status(fa4_bwd(main_c.family[0], &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
+    check_status(fa4_bwd(main_index, &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
                          &cu_k, &used_k, &n_sem, sparse ? &n_counts : nullptr, sparse ? &n_blocks : nullptr,
                          sparse ? &n_bits : nullptr, score_kind ? &n_score : nullptr,
                          score_kind ? &n_score_grad : nullptr, &params, stream),

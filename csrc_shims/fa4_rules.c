@@ -412,6 +412,39 @@ int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t determin
   return override == FA4_AUTO ? BWD_CAUSAL_LAUNCH_GROUP : override;
 }
 
+/* The backward's "long" family (hd256: 2-CTA clusters sharing each Q/dO tile,
+ * fa4_kernels.heuristics.BwdConfig.cluster_n; built as the window kernel, which serves causal
+ * calls) for causal calls of dense batches from BWD_CLUSTER_MIN_K keys on; never with deterministic
+ * turns (the pair walks one query order) nor for true windows (the pair's union of query blocks
+ * costs a window's CTAs a block each). One H200, bf16 16k tokens (32k: one sequence), hidden 2048,
+ * fwd+bwd TFLOP/s, three rounds in one process (scripts/bwd_ab.py), 1 CTA -> clusters: causal 2k
+ * 422 -> 398 (0.94), 4k 484 -> 463 (0.96), 8k 514 -> 519 (1.01), 16k 531 -> 549 (1.03), 32k 520 ->
+ * 537 (1.03); without a mask (no kernel built) 0.83 / 0.99 / 0.99 / 0.99 / 1.00. A second call:
+ * causal 4k / 8k / 16k / 32k 0.95 / 1.00 / 1.03 / 1.04, and at hidden 4096 (16 heads) 0.98 / 1.03
+ * / 1.04 / 1.06. Short causal sequences lose the launch groups (fa4_bwd_launch_group) the pair
+ * cannot take; long ones gain the halved Q/dO reads of 64-key CTAs. override: FA4_AUTO, 0 (never)
+ * or 1 (wherever built, windows too). */
+#define BWD_CLUSTER_MIN_K 8192
+int32_t fa4_bwd_tile_family(int32_t mask_kind, int64_t seqlen_k, int32_t varlen, int32_t deterministic,
+                            int32_t long_built, int32_t override) {
+  if (!long_built || varlen || deterministic || override == 0) return FA4_TILES_REGULAR;
+  if (override == 1) return FA4_TILES_LONG;
+  return mask_kind == FA4_MASK_CAUSAL && seqlen_k >= BWD_CLUSTER_MIN_K ? FA4_TILES_LONG : FA4_TILES_REGULAR;
+}
+
+/* Whether a clustered launch is worth making where the device holds active_clusters clusters of
+ * cluster_size CTAs at once (cudaOccupancyMaxActiveClusters for the launch's configuration; the
+ * clustered kernels run one CTA per SM): not where none fits (another context holds SMs, or a
+ * GPC's SMs are partly taken), nor where the clusters would leave more than
+ * CLUSTER_IDLE_SMS_PERCENT of the SMs idle, which costs about what the clusters gain
+ * (BWD_CLUSTER_MIN_K's measurements: 0-6%). An idle H200 holds 66 of the hd256 kernel's clusters of
+ * 2: all 132 SMs. */
+#define CLUSTER_IDLE_SMS_PERCENT 4
+int32_t fa4_clusters_fit(int32_t active_clusters, int32_t cluster_size, int32_t num_sms) {
+  if (active_clusters <= 0 || cluster_size <= 0 || num_sms <= 0) return 0;
+  return (int64_t)active_clusters * cluster_size * 100 >= (int64_t)num_sms * (100 - CLUSTER_IDLE_SMS_PERCENT);
+}
+
 /* Query rows, from row 0, that see no key: with the bottom-right alignment row i's last key is
  * i + seqlen_k - seqlen_q + window_right, so the first seqlen_q - seqlen_k - window_right rows
  * see none (none without a right bound: unmasked and local windows reaching past it). */
@@ -430,8 +463,8 @@ extern char **environ;
 /* The value of FA4_<suffix> in one scan of the environment (the operators read the tuning
  * settings on every call: one pass over environ instead of a getenv per setting). */
 typedef struct {
-  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *bwd_launch_group, *trace,
-      *trace_schedule;
+  const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *bwd_launch_group,
+      *bwd_clusters, *trace, *trace_schedule;
 } tuning_text;
 
 static void scan_environment(tuning_text *out) {
@@ -444,7 +477,8 @@ static void scan_environment(tuning_text *out) {
       {"TILES=", offsetof(tuning_text, tiles)}, {"SPLIT_TAIL=", offsetof(tuning_text, split_tail)},
       {"BWD_STORE_FIRST=", offsetof(tuning_text, bwd_store_first)},
       {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)},
-      {"BWD_LAUNCH_GROUP=", offsetof(tuning_text, bwd_launch_group)}, {"TRACE=", offsetof(tuning_text, trace)},
+      {"BWD_LAUNCH_GROUP=", offsetof(tuning_text, bwd_launch_group)},
+      {"BWD_CLUSTERS=", offsetof(tuning_text, bwd_clusters)}, {"TRACE=", offsetof(tuning_text, trace)},
       {"TRACE_SCHEDULE=", offsetof(tuning_text, trace_schedule)},
   };
   for (char **entry = environ; entry && *entry; entry++) {
@@ -476,6 +510,7 @@ int32_t fa4_read_tuning(fa4_tuning *out) {
   out->split_tail = read_switch(text.split_tail);
   out->bwd_store_first = read_switch(text.bwd_store_first);
   out->bwd_rotate = read_switch(text.bwd_rotate);
+  out->bwd_clusters = read_switch(text.bwd_clusters);
   const char *group = text.bwd_launch_group;
   out->bwd_launch_group = FA4_AUTO;
   if (group != NULL && group[0] != '\0') {

@@ -76,6 +76,14 @@ int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_f
 /* The causal backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's
  * order); override FA4_AUTO or a group size (FA4_BWD_LAUNCH_GROUP). */
 int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override);
+/* The backward's tile family (fa4_tile_family): FA4_TILES_LONG (2-CTA clusters) or regular, for a call
+ * of this kind (the call's own, causal included); long_built: the family is built for its key;
+ * override FA4_AUTO, 0 or 1 (FA4_BWD_CLUSTERS). */
+int32_t fa4_bwd_tile_family(int32_t mask_kind, int64_t seqlen_k, int32_t varlen, int32_t deterministic,
+                            int32_t long_built, int32_t override);
+/* 1 where a clustered launch should run given the clusters the device holds at once, else 0 (its
+ * 1-CTA twin runs instead: fa4_variant.fallback). */
+int32_t fa4_clusters_fit(int32_t active_clusters, int32_t cluster_size, int32_t num_sms);
 int64_t fa4_keyless_rows(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
 /* Rows of the backward's padded statistics: dense (num_seqs < 0) ceil(total_q / block) blocks,
  * packed sequences num_seqs + 1 blocks more (each sequence starts on a block). */
@@ -92,6 +100,7 @@ typedef struct {
   int32_t bwd_store_first;   /* FA4_BWD_STORE_FIRST */
   int32_t bwd_rotate;        /* FA4_BWD_ROTATE */
   int32_t bwd_launch_group;  /* FA4_BWD_LAUNCH_GROUP: pairs per group, >= 0 */
+  int32_t bwd_clusters;      /* FA4_BWD_CLUSTERS */
   /* FA4_TRACE_SCHEDULE: traced calls of dynamically scheduled variants deal their tiles
      round-robin ("static": 1) or claim them as usual ("dynamic": 0). */
   int32_t trace_schedule;

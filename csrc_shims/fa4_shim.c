@@ -31,6 +31,8 @@ const char *fa4_last_error(void) { return last_error; }
 
 static __thread fa4_launch last_launch[2] = {{-1}, {-1}};
 
+void fa4_test_pretend_active_clusters(int32_t clusters) { fa4_pretend_active_clusters(clusters); }
+
 int32_t fa4_last_launch(int32_t kind, fa4_launch *out) {
   if (kind != FA4_KERNEL_FWD && kind != FA4_KERNEL_BWD) return FA4_ERR_WRONG_KIND;
   *out = last_launch[kind];
@@ -308,7 +310,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   if ((status = ready_on_current_device(index))) return status;
 
   last_launch[FA4_KERNEL_FWD] = (fa4_launch){index, params->pack_gqa, params->tail_ctas, params->heads_per_group,
-                                             params->num_sms, 0, 0, 0, 0, semaphores->data, semaphores->shape[0]};
+                                             params->num_sms, 0, 0, 0, 0, semaphores->data, semaphores->shape[0], -1};
   int32_t ret = variant->fwd(q, k, v, o, lse, semaphores, partials, cu_seqlens_q, cu_seqlens_k, seqused_k,
                              seq_order, sparse_counts, sparse_blocks, sparse_bits, score_params, page_table,
                              k_new, v_new, params, (cudaStream_t)stream);
@@ -412,14 +414,36 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     score_params = &unused_score;
     score_grad = &unused_grad;
   }
+  /* A cluster's CTAs walk one query order: no deterministic turns (rotate and launch groups, set
+     for the 1-CTA twin it may fall back to, the clustered kernel ignores). */
+  if (variant->cluster > 1 && params->deterministic)
+    return fail(FA4_ERR_BAD_TENSOR, "%s: clustered backward kernels take no deterministic turns; use the "
+                "regular tile family", variant->name);
   if ((status = ready_on_current_device(index))) return status;
 
-  last_launch[FA4_KERNEL_BWD] = (fa4_launch){index, 1, 0, 0, 0, params->store_first, params->rotate,
-                                             params->deterministic, params->launch_group, dq_semaphore->data,
-                                             dq_semaphore->shape[0]};
+  int32_t clustered = variant->cluster > 1;
+  last_launch[FA4_KERNEL_BWD] = (fa4_launch){index, 1, 0, 0, 0, params->store_first, clustered ? 0 : params->rotate,
+                                             params->deterministic, clustered ? 0 : params->launch_group,
+                                             dq_semaphore->data, dq_semaphore->shape[0], -1};
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
                              seqused_k, dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, score_params,
                              score_grad, params, (cudaStream_t)stream);
+  if (clustered) last_launch[FA4_KERNEL_BWD].active_clusters = fa4_last_active_clusters();
+  if (ret == (int32_t)FA4_CLUSTERS_DO_NOT_FIT) {
+    /* Nothing was enqueued: the 1-CTA twin runs the same call (fa4_variant.fallback). */
+    if (variant->fallback < 0)
+      return fail(FA4_ERR_LAUNCH, "%s: the device holds %d of its clusters at once, too few, and this library "
+                  "has no 1-CTA twin of it to run instead", variant->name, fa4_last_active_clusters());
+    index = variant->fallback;
+    variant = &fa4_variants[index];
+    if ((status = ready_on_current_device(index))) return status;
+    last_launch[FA4_KERNEL_BWD].variant = index;
+    last_launch[FA4_KERNEL_BWD].rotate = params->rotate;
+    last_launch[FA4_KERNEL_BWD].launch_group = params->launch_group;
+    ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                       dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, score_params, score_grad, params,
+                       (cudaStream_t)stream);
+  }
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -183,10 +183,17 @@ typedef struct {
   int32_t launch_group;    /* backward */
   void *semaphores;        /* forward: semaphores; backward: dq_semaphore */
   int64_t semaphore_words; /* its first dimension */
+  /* backward: the clusters the device held at once when a clustered variant was asked for (its
+     1-CTA twin ran instead where they did not fit: variant); -1: no clustered variant asked for */
+  int32_t active_clusters;
 } fa4_launch;
 
 /* kind: FA4_KERNEL_FWD (0) or FA4_KERNEL_BWD (1); variant -1 before any launch. */
 int32_t fa4_last_launch(int32_t kind, fa4_launch *out);
+
+/* Tests: clustered launches take this many clusters as what the device holds at once instead of
+ * asking it (forcing the 1-CTA fallback with 0); -1 asks the device again. */
+void fa4_test_pretend_active_clusters(int32_t clusters);
 
 #ifdef __cplusplus
 }

@@ -71,6 +71,11 @@ typedef struct {
                      bwd: the padding unit of the LSE/dPsum rows) */
   int32_t tile_n; /* keys per K/V block (bwd: the grid's x covers ceil(seqlen_k / tile_n)) */
   int32_t split_tail; /* 1: static schedule whose last round may be split (params->tail_ctas) */
+  int32_t cluster;    /* CTAs per cluster: 1, or 2 for the backward's "long" family */
+  /* A clustered variant's 1-CTA twin (its key with regular tiles; results do not depend on which
+     runs: the clusters share read-only multicast loads only), launched instead where the device
+     does not fit the clusters (fa4_clusters_fit, cuda_forwards.c); -1: none. */
+  int32_t fallback;
   fa4_init_fn init;  /* registers the embedded cubin with the runtime (once per process) */
   fa4_load_fn load;  /* prepares it on one device (once per device) */
   fa4_fwd_fn fwd;
@@ -78,6 +83,16 @@ typedef struct {
   fa4_bwd_pre_fn bwd_pre;
   fa4_bwd_post_fn bwd_post;
 } fa4_variant;
+
+/* cuda_forwards.c's answer to a clustered launch (a cluster dimension above 1) that the device does
+   not fit (fa4_clusters_fit over cudaOccupancyMaxActiveClusters for the launch's configuration):
+   nothing was enqueued, and the shim launches the variant's fallback. Not a CUDA error code. */
+#define FA4_CLUSTERS_DO_NOT_FIT ((cudaError_t)0x7fa4)
+/* The clusters the device held at once in the last clustered launch's check on this thread (-1:
+   none checked yet). */
+FA4_HIDDEN int32_t fa4_last_active_clusters(void);
+/* Tests: >= 0 makes the check take this many clusters instead of asking the device; -1 asks. */
+FA4_HIDDEN void fa4_pretend_active_clusters(int32_t clusters);
 
 extern const fa4_variant fa4_variants[];
 extern const int32_t fa4_variant_count;

@@ -7,7 +7,9 @@ range starts and ends inside the sequence, several query blocks per CTA (the Q/d
 dS/P stages wrap), GQA groups looped inside a CTA, softcap, the gradient through the returned
 LSE, packed sequences with partial last K/V blocks (row-predicated dK/dV stores), empty and
 one-row documents, keys cut by seqused_k, and deterministic mode (the dQ turn counters; without a
-mask in the rotated order).
+mask in the rotated order). hd256 also runs its 2-CTA cluster kernels (FA4_BWD_CLUSTERS=1, the
+window kernel's): odd K/V block counts (the last cluster's second CTA past the keys), causal pairs
+whose query ranges differ (seqlen_q != seqlen_k), a window, GQA, and the 1-CTA fallback.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_backward.py [DIM ...]
 
@@ -61,9 +63,39 @@ def family(d, dv):
          q, k, v)
 
 
+def clusters(d, dv):
+    """The 2-CTA kernels (hd256, causal and windows): forced on, then their fallback where the
+    clusters do not fit. The backward op runs on this thread (autograd's CUDA backward thread keeps
+    its own launch records)."""
+    import os
+
+    from fa4 import _native
+
+    def run(q, k, v, causal=False, window=(-1, -1)):
+        scale = d ** -0.5
+        out, lse = torch.ops.fa4.fwd(q, k, v, scale, causal, window[0], window[1])
+        torch.ops.fa4.bwd(torch.randn_like(out), q, k, v, out, lse, None, scale, causal, window[0], window[1])
+        return _native.last_launch("bwd")["name"]
+    os.environ["FA4_BWD_CLUSTERS"] = "1"
+    try:
+        for sq, sk, hq, hk in ((300, 300, 4, 4), (333, 200, 6, 2), (200, 333, 4, 2), (129, 700, 2, 1)):
+            q = torch.randn(1, sq, hq, d, device=dev, dtype=bf16)
+            k = torch.randn(1, sk, hk, d, device=dev, dtype=bf16)
+            v = torch.randn(1, sk, hk, dv, device=dev, dtype=bf16)
+            for causal, window in ((True, (-1, -1)), (False, (70, 9))):
+                assert run(q, k, v, causal, window).endswith("_longseq")
+        _native.pretend_active_clusters(0)
+        assert not run(q, k, v, True).endswith("_longseq")
+    finally:
+        _native.pretend_active_clusters(-1)
+        del os.environ["FA4_BWD_CLUSTERS"]
+
+
 DIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192x128": (192, 128), "192": (192, 192),
         "256": (256, 256)}
 for name in sys.argv[1:] or DIMS:
     family(*DIMS[name])
+    if name == "256":
+        clusters(*DIMS[name])
 torch.cuda.synchronize()
 print("done")

@@ -17,7 +17,7 @@ def main():
     q, k, v = (randn(2, 700, 4, 128) for _ in range(3))
     lengths = [900, 33, 250]
     cu = torch.tensor([0, 900, 933, 1183], device="cuda", dtype=torch.int32)
-    qp, kp, vp = (randn(1183, 4, 64) for _ in range(3))
+    qp, kp, vp = (randn(1183, 4, 128) for _ in range(3))
     qd, kd, vd = randn(1, 1, 32, 128), randn(1, 2048, 8, 128), randn(1, 2048, 8, 128)
     cached = torch.full((1,), 2000, device="cuda", dtype=torch.int32)
     path = os.path.join(tempfile.mkdtemp(), "trace.jsonl")

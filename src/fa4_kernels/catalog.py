@@ -41,7 +41,10 @@ KV_CACHE_MASKS = ("local",)
 # FA4_TRACE_VARIANTS=all adds one beside every dense, packed and
 # KV-cache forward.
 TRACE_DTYPES = ("bf16",)
-TRACE_HEAD_DIMS = ((64, 64), (128, 128))
+# hd128 only: its twins cover the regular, "long", packed and KV-cache kernels and both schedules;
+# hd64's (7 more variants, ~20 s of the 2-core build) were dropped to make room for the backward's
+# cluster kernels within the build's 20 minutes (FA4_TRACE_VARIANTS=all still builds them).
+TRACE_HEAD_DIMS = ((128, 128),)
 TRACE_MASKS = ("none", "causal")
 TRACE_CHOICES = ("shipped", "all")
 # Kernel kinds: the forward, the backward's main kernel (dQ/dK/dV), its preprocess (the row
@@ -69,7 +72,8 @@ class VariantKey:
     # picks by sequence length (fa4.heuristics.tile_family): "short" (hd64, no mask or causal:
     # taller tiles that pad short queries less, and on the causal diagonal each warpgroup's
     # 64 rows skip 64-key blocks of their own), "long" (hd128, no mask: three consumer
-    # warpgroups, faster K/V steps that pay for their costlier tile boundaries only on long keys).
+    # warpgroups, faster K/V steps that pay for their costlier tile boundaries only on long keys);
+    # backward: "long" (hd256: 2-CTA clusters, BWD_TILE_FAMILIES).
     tiles: str = "regular"
     kernel: str = "fwd"  # KERNELS
     score_mod: str = "none"  # "none" | SCORE_MODS (block-sparse fwd and bwd)
@@ -104,6 +108,20 @@ class VariantKey:
 # or causal. Local windows and varlen keep the regular tiles.
 TILE_FAMILIES = {"short": ((64, 64),), "long": ((128, 128),)}
 TILE_FAMILY_MASKS = {"short": ("none", "causal"), "long": ("none", "causal")}
+# The backward's "long" family: 2-CTA clusters sharing each Q/dO tile (heuristics.BwdConfig.cluster_n),
+# for dense batches without softcap or score_mod, in the window kernel that serves causal calls (the
+# only calls they measured faster for: without a mask they lost 0.3-1.2% at 4k-32k); picked for long
+# keys (fa4_bwd_tile_family) and run only where the device fits the clusters, else the regular twin
+# (fa4_clusters_fit).
+BWD_TILE_FAMILIES = {"long": ((256, 256),)}
+BWD_TILE_FAMILY_MASKS = {"long": ("local",)}
+
+
+def bwd_tile_family_built(key: VariantKey) -> bool:
+    """Whether the backward ``key``'s extra tile family (key.tiles) is in the catalog."""
+    return (key.kernel == "bwd" and (key.head_dim, key.head_dim_v) in BWD_TILE_FAMILIES.get(key.tiles, ())
+            and key.mask in BWD_TILE_FAMILY_MASKS.get(key.tiles, ()) and not (key.softcap or key.varlen or key.trace)
+            and key.score_mod == "none")
 
 
 def traceable(key: VariantKey) -> bool:
@@ -152,6 +170,11 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
         for arch, dtype, (hd, hdv), mask, softcap, varlen in itertools.product(
             archs, DTYPES, BWD_HEAD_DIMS, BWD_MASKS, (False, True), (False, True)
         )
+    ]
+    backward += [
+        VariantKey(arch, dtype, hd, hdv, mask, False, False, tiles=tiles, kernel="bwd")
+        for tiles, dims in BWD_TILE_FAMILIES.items()
+        for arch, dtype, (hd, hdv), mask in itertools.product(archs, DTYPES, dims, BWD_TILE_FAMILY_MASKS[tiles])
     ]
     # The preprocess depends on no mask or softcap, and takes packed sequences as a run-time
     # argument: one per backward (dtype, head dims).

@@ -411,6 +411,16 @@ class BwdConfig:
     # 305-306, 4k 492 -> 474-477, 16k 540-542 -> 520. V's fragment beside it (dP^T) spilled 18
     # words at hd64; hd128's 32-register fragment made ptxas serialise every WGMMA (C7512).
     k_in_registers: bool = False
+    # CTAs per cluster along the K/V blocks: the "long" family's two CTAs take adjacent K/V blocks
+    # of one (batch, head) and share each Q/dO tile (and its LSE/dPsum) by TMA multicast, halving
+    # the Q/dO reads into shared memory per key. Pays where a CTA's 64 keys read each Q/dO tile
+    # twice as often per key as hd128's 128 (hd256), on long causal sequences: H200, bf16 16k
+    # tokens, fwd+bwd TFLOP/s, same call, 1 CTA -> 2: causal 4k 484 -> 463, 8k 514 -> 519, 16k
+    # 531 -> 549, 32k 520 -> 537 (the pair walks in step, without the causal launch groups: short
+    # sequences lose); without a mask 0.99-1.00x from 4k on, so only the window kernel (causal)
+    # has a twin; hd128 and hd64 lose or tie (session 38). Picked by fa4_bwd_tile_family, with the
+    # occupancy fallback to the 1-CTA twin (fa4_clusters_fit; docs/perf_notes.md, session 39).
+    cluster_n: int = 1
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
@@ -429,7 +439,10 @@ class BwdConfig:
 
 
 def bwd_config(key: VariantKey) -> BwdConfig:
-    assert key.kernel == "bwd" and key.tiles == "regular"
+    assert key.kernel == "bwd" and key.tiles in ("regular", "long")
+    if key.tiles == "long":
+        assert catalog.bwd_tile_family_built(key), key
+        return replace(bwd_config(replace(key, tiles="regular")), cluster_n=2)
     if key.head_dim <= 64 and (key.softcap or key.score_mod == "relbias" or key.score_mod in catalog.TENSOR_SCORE_MODS):
         # With softcap the probabilities and dS come out of one pass after both GEMMs (tanh is
         # recomputed there): with 128-query blocks its 64 S^T and 64 dP^T registers beside the

@@ -66,7 +66,17 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
         # Each main kernel has the preprocess of its dtype and head dims (dense or packed is the
         # preprocess's run-time argument).
         assert dataclasses.replace(key, kernel="bwd_pre", mask="none", softcap=False, score_mod="none",
-                                   varlen=False) in preprocess
+                                   varlen=False, tiles="regular") in preprocess
+        # 2-CTA clusters: the "long" family only, each beside its 1-CTA twin (the fallback), with the
+        # twin's shapes and the same launch (one CTA per SM).
+        if key.tiles != "regular":
+            assert cfg.cluster_n == 2 and catalog.bwd_tile_family_built(key), key.name
+            twin = dataclasses.replace(key, tiles="regular")
+            assert twin in backward and dataclasses.replace(cfg, cluster_n=1) == heuristics.bwd_config(twin)
+        else:
+            assert cfg.cluster_n == 1, key.name
+    clustered = sorted(v.name for v in backward if v.tiles != "regular")
+    assert clustered == sorted(f"fa4_bwd_sm_90a_{dtype}_d256x256_local_longseq" for dtype in catalog.DTYPES)
     assert all(heuristics.kernel_config(p).tile_m == heuristics.STATS_BLOCK_ROWS for p in preprocess)
     assert all((p.mask, p.softcap, p.varlen) == ("none", False, False) for p in preprocess)
     # One postprocess (dQ's flat conversion) per (arch, dtype), serving every head dim.
@@ -325,7 +335,8 @@ def test_lse_bulk_store_for_masked_variants_and_counted_in_shared_memory():
 
 def test_tile_families_are_dense_variants_beside_a_regular_one():
     variants = catalog.all_variants()
-    extra = [v for v in variants if v.tiles != "regular" and not v.trace]  # trace twins: test_trace_layout
+    # (trace twins: test_trace_layout; the backward's clusters: test_backward_variants_cover_...)
+    extra = [v for v in variants if v.tiles != "regular" and not v.trace and v.kernel == "fwd"]
     want = {(t, d, sc, hd, mask) for t, dims in catalog.TILE_FAMILIES.items() for d in catalog.DTYPES
             for sc in (False, True) for hd, _ in dims for mask in catalog.TILE_FAMILY_MASKS[t]}
     assert {(v.tiles, v.dtype, v.softcap, v.head_dim, v.mask) for v in extra} == want

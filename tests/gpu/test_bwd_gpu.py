@@ -322,6 +322,111 @@ def test_causal_launch_groups(monkeypatch, dims):
     assert run(window=(100, 0))[1]["launch_group"] == 0
 
 
+# The backward's 2-CTA cluster kernels (catalog.BWD_TILE_FAMILIES: hd256, the window kernel that
+# serves causal calls): K/V block counts (64 keys) odd and even, so the last cluster's second CTA
+# may lie past the keys; seqlen_q != seqlen_k both ways, so a causal pair's query ranges differ;
+# GQA groups looped in the CTA.
+CLUSTER_SHAPES = [(2, 300, 300, 3, 3), (1, 333, 200, 6, 2), (2, 200, 333, 4, 2), (1, 1000, 1000, 2, 1),
+                  (1, 129, 700, 8, 1)]
+CLUSTER_MASKS = [m for m in MASKS if m[0] != "none"]  # no mask: no cluster kernel (measured slower)
+
+
+def bwd_call(q, k, v, dout, causal=False, window=(-1, -1), deterministic=False):
+    """(gradients, launch record) of fa4's backward op run on this thread (autograd runs CUDA
+    backwards on a thread of its own, whose launch records this thread does not see)."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, causal, window[0], window[1])
+    got = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, causal, window[0], window[1], 0.0, deterministic)
+    return got, _native.last_launch("bwd")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask", CLUSTER_MASKS, ids=[m[0] for m in CLUSTER_MASKS])
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cluster_kernels_match_float64(monkeypatch, dtype, mask, shape):
+    """FA4_BWD_CLUSTERS=1 forces them wherever built (windows too): the float64 reference's
+    gradients, every output poisoned first."""
+    monkeypatch.setenv("FA4_BWD_CLUSTERS", "1")
+    b, sq, sk, hq, hk = shape
+    _, causal, window = mask
+    q, k, v = qkv(b, sq, sk, hq, hk, 256, 256, dtype)
+    check_grads(q, k, v, causal=causal, window=window, label=f"clusters {mask[0]} {shape}")
+    record = bwd_call(q, k, v, torch.randn_like(q), causal, window)[1]
+    assert record["name"].endswith("_local_longseq") and record["active_clusters"] > 0, record
+
+
+def test_cluster_kernels_fall_back_where_the_device_does_not_fit_them(monkeypatch):
+    """The device's answer (cudaOccupancyMaxActiveClusters) lets them run on an idle H100/H200;
+    where it holds none, or too few to keep the SMs busy (fa4.heuristics.clusters_fit), the same
+    call runs the 1-CTA twin, with the same gradients up to the order of dQ's fp32 additions."""
+    from fa4 import heuristics
+
+    monkeypatch.setenv("FA4_BWD_CLUSTERS", "1")
+    q, k, v = qkv(2, 700, 500, 4, 2, 256, 256, torch.bfloat16)
+    dout = torch.randn_like(q)
+
+    def run():
+        poison_allocator()
+        return bwd_call(q, k, v, dout, causal=True)
+    clustered, record = run()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert record["name"].endswith("_longseq"), record
+    assert heuristics.clusters_fit(record["active_clusters"], 2, sms), record
+    print(f"{torch.cuda.get_device_name()}: {record['active_clusters']} clusters of 2 at once, {sms} SMs")
+    for pretended in (0, sms // 2 - 5):
+        _native.pretend_active_clusters(pretended)
+        try:
+            got, record = run()
+        finally:
+            _native.pretend_active_clusters(-1)
+        assert record["name"].endswith("d256x256_local") and record["active_clusters"] == pretended, record
+        for a, b in zip(got, clustered):
+            assert rel_error(a, b) < 8e-3
+    assert run()[1]["name"].endswith("_longseq")  # the device's own answer again
+
+
+def test_cluster_kernels_under_repeated_uneven_calls(monkeypatch):
+    """A stress run: causal pairs whose query ranges differ (seqlen_q < seqlen_k, 21 K/V blocks: the
+    last cluster's second CTA past the keys), GQA, 30 calls back to back on poisoned memory, each
+    equal to the 1-CTA kernel's gradients up to the order of dQ's fp32 additions (a CTA that ran
+    ahead of its peer's barriers would show as a hang, NaN or a wrong tile)."""
+    q, k, v = qkv(2, 1000, 1300, 6, 2, 256, 256, torch.bfloat16)
+    dout = torch.randn_like(q)
+    monkeypatch.setenv("FA4_BWD_CLUSTERS", "0")
+    want = bwd_call(q, k, v, dout, causal=True)[0]
+    monkeypatch.setenv("FA4_BWD_CLUSTERS", "1")
+    for _ in range(30):
+        poison_allocator(64 << 20)
+        got, record = bwd_call(q, k, v, dout, causal=True)
+        assert record["name"].endswith("_longseq")
+        for a, b in zip(got, want):
+            assert rel_error(a, b) < 8e-3
+
+
+def test_cluster_kernels_by_default_for_long_keys_only(monkeypatch):
+    """Unforced: hd256 causal calls take the clusters from 8192 keys on; no mask, windows and
+    deterministic calls never; FA4_BWD_CLUSTERS=0 turns them off."""
+    monkeypatch.delenv("FA4_BWD_CLUSTERS", raising=False)
+    q, k, v = qkv(1, 128, 8192, 2, 1, 256, 256, torch.bfloat16)
+    scale = 256 ** -0.5
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, True)
+    dout = torch.randn_like(out)
+
+    def name(causal=True, window=(-1, -1), deterministic=False):  # (the LSE is the causal call's)
+        torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, causal, window[0], window[1], 0.0, deterministic)
+        return _native.last_launch("bwd")["name"]
+    assert name().endswith("d256x256_local_longseq")
+    assert name(causal=False).endswith("d256x256_none")
+    assert name(deterministic=True).endswith("d256x256_local")
+    assert name(causal=False, window=(1000, 0)).endswith("d256x256_local")
+    monkeypatch.setenv("FA4_BWD_CLUSTERS", "0")
+    assert name().endswith("d256x256_local")
+    q, k, v = qkv(1, 128, 8191, 2, 1, 256, 256, torch.bfloat16)
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, True)
+    monkeypatch.delenv("FA4_BWD_CLUSTERS")
+    assert name().endswith("d256x256_local")
+
+
 def test_deterministic_mode_varlen_and_global_switch():
     cu = torch.tensor([0, 1, 300, 301, 900, 1400], dtype=torch.int32, device="cuda")
     q = torch.randn(1400, 8, 128, device="cuda", dtype=torch.bfloat16)

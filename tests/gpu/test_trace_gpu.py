@@ -107,7 +107,7 @@ def test_split_tail_pieces_cover_each_tile(tmp_path):
 def test_packed_sequences_carry_their_offsets(tmp_path):
     lengths = [3000, 100, 200, 57]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
-    total, h, d = sum(lengths), 4, 64
+    total, h, d = sum(lengths), 4, 128
     q, k, v = (x[0] for x in qkv(1, total, h, d, seed=2))
     run = lambda: fa4.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)  # noqa: E731
     plain, out, calls = traced(tmp_path, run)

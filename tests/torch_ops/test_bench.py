@@ -139,7 +139,10 @@ def test_sweep_covers_at_least_forty_shapes_of_every_kind():
     assert len(bench_sweep.shapes()) >= 40
     labels = [c[0] for c in bench_sweep._fwd_candidates(gqa=True)]
     assert len(labels) == len(set(labels)) == 24 and any("pack_gqa=1" in x for x in labels)
-    assert len(bench_sweep._bwd_candidates(causal=False)) == 4
-    causal = bench_sweep._bwd_candidates(causal=True)  # and launch groups of 0, 4 and 8 pairs
+    assert len(bench_sweep._bwd_candidates(causal=False, hd=128)) == 4
+    causal = bench_sweep._bwd_candidates(causal=True, hd=128)  # and launch groups of 0, 4 and 8 pairs
     assert len(causal) == len({c[0] for c in causal}) == 12
     assert {env["FA4_BWD_LAUNCH_GROUP"] for _, env, _ in causal} == {"0", "4", "8"}
+    clustered = bench_sweep._bwd_candidates(causal=True, hd=256)  # and clusters on and off
+    assert len(clustered) == len({c[0] for c in clustered}) == 24
+    assert {env["FA4_BWD_CLUSTERS"] for _, env, _ in clustered} == {"0", "1"}

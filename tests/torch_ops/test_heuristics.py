@@ -253,6 +253,36 @@ def test_causal_backward_launches_in_groups_of_pairs():
     assert heuristics.bwd_launch_group("causal", False, True, override=16) == 0
 
 
+def test_backward_clusters_for_long_causal_keys():
+    """The 2-CTA family from 8192 keys on, causal, where built; never packed or deterministic (the
+    pair walks one query order); forced on wherever built, windows too."""
+    family = heuristics.bwd_tile_family
+    assert family("causal", 8192, False, False, True) == "long"
+    assert family("causal", 65536, False, False, True) == "long"
+    assert family("causal", 8191, False, False, True) == "regular"
+    assert family("causal", 16384, False, False, False) == "regular"  # not built for this key
+    assert family("causal", 16384, True, False, True) == "regular"
+    assert family("causal", 16384, False, True, True) == "regular"
+    for mask in ("none", "local"):  # measured slower without a mask; windows pay for the pair's union
+        assert family(mask, 16384, False, False, True) == "regular"
+    assert family("local", 1000, False, False, True, override=True) == "long"
+    assert family("causal", 1000, False, False, True, override=True) == "long"
+    assert family("causal", 16384, False, False, True, override=False) == "regular"
+    for forced in (True, False):  # never where not built, packed or deterministic
+        assert family("none", 16384, False, False, False, override=forced) == "regular"
+        assert family("none", 16384, True, False, True, override=forced) == "regular"
+        assert family("none", 16384, False, True, True, override=forced) == "regular"
+
+
+def test_clusters_run_only_where_the_device_fits_them():
+    """No cluster: fall back; clusters that leave more than 4% of the SMs idle: fall back."""
+    fit = heuristics.clusters_fit
+    assert fit(66, 2, 132) and fit(65, 2, 132) and fit(64, 2, 132)  # 128 of 132 SMs: 97.0%, 126: 95.5%
+    assert not fit(63, 2, 132) and not fit(0, 2, 132) and not fit(-1, 2, 132)
+    assert fit(8, 2, 16) and not fit(7, 2, 16)
+    assert not fit(66, 2, 0) and not fit(66, 0, 132)
+
+
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 3)), (False, (-1, 7)),
                                            (False, (4, -1))])
 def test_keyless_rows_are_exactly_the_rows_that_see_no_key(causal, window):
@@ -290,11 +320,11 @@ def test_python_constants_match_the_rules_library():
 
 def test_tuning_settings_are_read_per_call(monkeypatch):
     for name in ("FA4_L2_SWIZZLE_MB", "FA4_PERSISTENT", "FA4_TILES", "FA4_SPLIT_TAIL", "FA4_BWD_STORE_FIRST",
-                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
+                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_BWD_CLUSTERS", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
         monkeypatch.delenv(name, raising=False)
     assert heuristics.tuning() == {"l2_swizzle_bytes": None, "persistent": None, "tiles": None, "split_tail": None,
                                    "bwd_store_first": None, "bwd_rotate": None, "bwd_launch_group": None,
-                                   "trace_schedule": None, "trace_path": None}
+                                   "bwd_clusters": None, "trace_schedule": None, "trace_path": None}
     monkeypatch.setenv("FA4_L2_SWIZZLE_MB", "1.5")
     monkeypatch.setenv("FA4_PERSISTENT", "0")
     monkeypatch.setenv("FA4_TILES", "long")
@@ -302,9 +332,10 @@ def test_tuning_settings_are_read_per_call(monkeypatch):
     monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "0")
     monkeypatch.setenv("FA4_TRACE", "/tmp/some trace.jsonl")
     monkeypatch.setenv("FA4_TRACE_SCHEDULE", "static")
+    monkeypatch.setenv("FA4_BWD_CLUSTERS", "0")
     assert heuristics.tuning() == {"l2_swizzle_bytes": 3 << 19, "persistent": False, "tiles": "long",
                                    "split_tail": None, "bwd_store_first": None, "bwd_rotate": True,
-                                   "bwd_launch_group": 0, "trace_schedule": "static",
+                                   "bwd_launch_group": 0, "bwd_clusters": False, "trace_schedule": "static",
                                    "trace_path": "/tmp/some trace.jsonl"}
     monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "8")
     assert heuristics.tuning()["bwd_launch_group"] == 8

@@ -71,7 +71,7 @@ def variant_index() -> dict[str, int]:
 class _Launch(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("variant", "pack_gqa", "tail_ctas", "heads_per_group", "grid",
                                                     "store_first", "rotate", "deterministic", "launch_group")] + [
-        ("semaphores", ctypes.c_void_p), ("semaphore_words", ctypes.c_int64)]
+        ("semaphores", ctypes.c_void_p), ("semaphore_words", ctypes.c_int64), ("active_clusters", ctypes.c_int32)]
 
 
 def last_launch(kind: str = "fwd") -> dict | None:
@@ -84,6 +84,12 @@ def last_launch(kind: str = "fwd") -> dict | None:
     out = {name: getattr(record, name) for name, _ in _Launch._fields_}
     out["name"] = library().fa4_variant_name(record.variant).decode()
     return out
+
+
+def pretend_active_clusters(clusters: int) -> None:
+    """Tests: clustered launches take ``clusters`` as what the device holds at once instead of
+    asking it (0 forces their 1-CTA fallback); -1 asks the device again."""
+    library().fa4_test_pretend_active_clusters(ctypes.c_int32(clusters))
 
 
 def available() -> bool:

@@ -6,11 +6,12 @@ Strategies, each forced by the keyword or ``FA4_`` setting that tests and users 
 "Environment variables"): the forward's tile family (``FA4_TILES``), grid (``FA4_PERSISTENT``),
 split tail (``FA4_SPLIT_TAIL``) and pack-GQA (``pack_gqa=``); the KV-cache forward's split count
 (``num_splits=``); the backward's first dQ store (``FA4_BWD_STORE_FIRST``), rotated visits
-(``FA4_BWD_ROTATE``) and causal launch groups (``FA4_BWD_LAUNCH_GROUP``). Candidates that end in
+(``FA4_BWD_ROTATE``), causal launch groups (``FA4_BWD_LAUNCH_GROUP``) and 2-CTA clusters
+(``FA4_BWD_CLUSTERS``). Candidates that end in
 the same launch (``fa4._native.last_launch``: the variant and the decisions taken for it; a
 family that is not built falls back to the regular one) are timed once. Compile-time strategies
-(the scheduler kind of each mask, cluster size, exp2 emulation) are not switchable at run time
-and not swept.
+(the scheduler kind of each mask, the forward's cluster size, exp2 emulation) are not switchable
+at run time and not swept.
 
 Timing: GPU time of a CUDA graph of ``CALLS`` calls (no host time: the rules choose kernels,
 launch cost is the host path's business), the median of --sweep-rounds rounds with the
@@ -53,12 +54,14 @@ def _fwd_candidates(gqa: bool):
     return out
 
 
-def _bwd_candidates(causal: bool):
-    # Causal calls also sweep their CTAs' launch groups (FA4_BWD_LAUNCH_GROUP; 0: the grid's order).
+def _bwd_candidates(causal: bool, hd: int):
+    # Causal calls also sweep their CTAs' launch groups (FA4_BWD_LAUNCH_GROUP; 0: the grid's order),
+    # hd256 its 2-CTA cluster kernels (FA4_BWD_CLUSTERS; the only head dim they are built for).
     groups = ("0", "4", "8") if causal else ("",)
-    return [(f"store_first={s} rotate={r}" + (f" launch_group={g}" if g else ""),
-             {"FA4_BWD_STORE_FIRST": s, "FA4_BWD_ROTATE": r, "FA4_BWD_LAUNCH_GROUP": g}, {})
-            for s, r, g in itertools.product(("0", "1"), ("0", "1"), groups)]
+    clusters = ("0", "1") if hd == 256 else ("",)
+    return [(f"store_first={s} rotate={r}" + (f" launch_group={g}" if g else "") + (f" clusters={c}" if c else ""),
+             {"FA4_BWD_STORE_FIRST": s, "FA4_BWD_ROTATE": r, "FA4_BWD_LAUNCH_GROUP": g, "FA4_BWD_CLUSTERS": c}, {})
+            for s, r, g, c in itertools.product(("0", "1"), ("0", "1"), groups, clusters)]
 
 
 def _dense(hd, seqlen, causal, batch=None, heads_q=None, heads_kv=None, dtype=torch.bfloat16):
@@ -111,7 +114,7 @@ def _backward(hd, seqlen, causal, batch=None, heads_q=None, heads_kv=None, dtype
         torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, causal, -1, right, 0.0, False)
     gqa = "" if heads_kv == heads_q else f" gqa {heads_q}/{heads_kv}"
     return Shape("bwd", f"bwd hd{hd} {batch}x{seqlen}{gqa} {'causal' if causal else 'full'}", call,
-                 _bwd_candidates(causal))
+                 _bwd_candidates(causal, hd))
 
 
 def shapes(quick: bool = False):

@@ -33,7 +33,8 @@ class MaskSpec:
 class _Tuning(ctypes.Structure):
     _fields_ = [("l2_swizzle_bytes", ctypes.c_int64)] + [
         (name, ctypes.c_int32) for name in ("persistent", "tiles", "split_tail", "bwd_store_first", "bwd_rotate",
-                                            "bwd_launch_group", "trace_schedule")] + [("trace_path", ctypes.c_char_p)]
+                                            "bwd_launch_group", "bwd_clusters", "trace_schedule")] + [
+        ("trace_path", ctypes.c_char_p)]
 
 
 class _Mask(ctypes.Structure):
@@ -69,6 +70,8 @@ def rules() -> ctypes.CDLL:
         "fa4_bwd_store_first": (i32, [i32, i64, f64, i32]),
         "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32]),
         "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32]),
+        "fa4_bwd_tile_family": (i32, [i32, i64, i32, i32, i32, i32]),
+        "fa4_clusters_fit": (i32, [i32, i32, i32]),
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
         "fa4_stats_rows": (i64, [i64, i32, i64]),
         "fa4_read_tuning": (i32, [ctypes.POINTER(_Tuning)]),
@@ -235,6 +238,22 @@ def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, override: int
     dense, non-deterministic causal calls only; ``override`` (FA4_BWD_LAUNCH_GROUP) sets the size."""
     return rules().fa4_bwd_launch_group(MASK_KINDS.index(mask), int(varlen), int(deterministic),
                                         _AUTO if override is None else override)
+
+
+def bwd_tile_family(mask: str, seqlen_k: int, varlen: bool, deterministic: bool, long_built: bool,
+                    override: bool | None = None) -> str:
+    """The backward's tile family: "long" (2-CTA clusters, where built: hd256 dense, the window
+    kernel) for causal calls from 8192 keys on, never deterministic or packed; ``override``
+    (FA4_BWD_CLUSTERS) forces it off, or on wherever built (windows too)."""
+    family = rules().fa4_bwd_tile_family(MASK_KINDS.index(mask), seqlen_k, int(varlen), int(deterministic),
+                                         int(long_built), _tri(override))
+    return TILE_FAMILIES[family]
+
+
+def clusters_fit(active_clusters: int, cluster_size: int, num_sms: int) -> bool:
+    """Whether a clustered launch runs where the device holds ``active_clusters`` of its clusters
+    at once (else its 1-CTA twin runs): some, leaving at most a few percent of the SMs idle."""
+    return bool(rules().fa4_clusters_fit(active_clusters, cluster_size, num_sms))
 
 
 def keyless_rows(seqlen_q: int, seqlen_k: int, mask: MaskSpec) -> int:

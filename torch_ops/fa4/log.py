@@ -49,6 +49,10 @@ def launched(kind: str, shapes: str) -> None:
         logger.debug("bwd %s: %s, first store %d, rotate %d, deterministic %d, launch group %d", shapes,
                      record["name"], record["store_first"], record["rotate"], record["deterministic"],
                      record["launch_group"])
+        if record["active_clusters"] >= 0:  # a clustered variant was asked for
+            ran = "clusters" if tile_family_of(record["name"]) == "long" else "its 1-CTA twin (too few fit)"
+            logger.debug("bwd %s: the device holds %d clusters at once: %s ran", shapes, record["active_clusters"],
+                         ran)
 
 
 def tile_family_of(variant_name: str) -> str:

@@ -144,6 +144,7 @@ class FlashAttentionBackwardSm90:
         bias_waves: int = 4,
         dq_stage_exchange: bool = False,
         k_in_registers: bool = False,
+        cluster_n: int = 1,
     ):
         # Causal calls run the window kernel (is_local): their window's left side is unbounded
         # (catalog.BWD_MASKS).
@@ -183,6 +184,13 @@ class FlashAttentionBackwardSm90:
         # S^T = K @ Q^T with K's A operand in registers, loaded once per CTA (heuristics.BwdConfig).
         assert not k_in_registers or layout == "keys"
         self.k_in_registers = k_in_registers
+        # CTAs per cluster along the K/V blocks (heuristics.BwdConfig.cluster_n), sharing each
+        # Q/dO tile and its statistics by TMA multicast: the cluster's CTAs walk the same query
+        # blocks in step (no rotation, no launch groups, no deterministic turns: the host never
+        # asks for those, and the kernel ignores rotate and launch_group). Dense batches only.
+        assert cluster_n in (1, 2)
+        assert cluster_n == 1 or not (is_varlen or block_sparse)
+        self.cluster_n = cluster_n
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -335,10 +343,11 @@ class FlashAttentionBackwardSm90:
         sdQ_layout = make_smem_layout(Float32, ROWS_PER_WG, self.dq_cols, self.dq_parts)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        q_load = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster_n > 1) else tma_load
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
-            tma_load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+            q_load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim), self.cluster_n)
         tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
-            tma_load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim_v))
+            q_load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim_v), self.cluster_n)
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, sK_layout, (self.tile_n, self.head_dim))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, sV_layout, (self.tile_n, self.head_dim_v))
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -354,8 +363,9 @@ class FlashAttentionBackwardSm90:
         # The row statistics: one tile_m-row box per query block (the rows are padded, see
         # stats_offset, so boxes never cross a sequence's padding into another's rows).
         stats_box = cute.make_layout(self.tile_m)
-        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(tma_load, mLSE, stats_box, (self.tile_m,))
-        tma_atom_dPsum, tma_dPsum = cpasync.make_tiled_tma_atom(tma_load, mdPsum, stats_box, (self.tile_m,))
+        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(q_load, mLSE, stats_box, (self.tile_m,), self.cluster_n)
+        tma_atom_dPsum, tma_dPsum = cpasync.make_tiled_tma_atom(q_load, mdPsum, stats_box, (self.tile_m,),
+                                                                self.cluster_n)
         self.tx_bytes_Q = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
         self.tx_bytes_dO = cute.size_in_bytes(self.dtype, cute.select(sdO_layout, mode=[0, 1])) + self.tile_m * 4
         self.tx_bytes_KV = cute.size_in_bytes(self.dtype, sK_layout) + cute.size_in_bytes(self.dtype, sV_layout)
@@ -401,8 +411,10 @@ class FlashAttentionBackwardSm90:
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, SharedStorage,
         ).launch(
-            grid=(num_n_blocks, cute.size(mK.shape[2]), batches),
+            grid=((num_n_blocks + self.cluster_n - 1) // self.cluster_n * self.cluster_n, cute.size(mK.shape[2]),
+                  batches),
             block=[self.num_threads, 1, 1],
+            cluster=[self.cluster_n, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -467,6 +479,11 @@ class FlashAttentionBackwardSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head_kv, batch_idx = cute.arch.block_idx()
+        if const_expr(self.cluster_n > 1):
+            # The cluster's CTAs walk one query order (the host never asks for these with
+            # clusters: fa4_shim.c refuses deterministic turns; rotate and launch groups it sets
+            # for the 1-CTA twin, the fallback, are ignored here).
+            rotate, deterministic, launch_group = Int32(0), Int32(0), Int32(0)
         if const_expr(self.is_local and not self.is_varlen):
             # Causal: K/V block n visits the query blocks from n on, so the low blocks are the
             # long CTAs. The grid launches each (batch, head) pair's blocks longest first, one pair
@@ -494,7 +511,12 @@ class FlashAttentionBackwardSm90:
             n_block = SparseBlocks.scheduled_tile(mSparseCounts, batch_idx, head_kv * (mQ.shape[2] // mK.shape[2]),
                                                   n_block, cute.size(mSparseCounts.shape[2]))
         # Packed sequences: the grid covers the longest one; blocks past this one's keys idle.
-        if n_block >= 0 and n_block * self.tile_n < seq.seqlen_k:
+        # Clusters: the cluster's first block decides for all (a last block past the keys
+        # computes on zeros, stores nothing, and takes its part in the multicasts).
+        first_of_cluster = n_block
+        if const_expr(self.cluster_n > 1):
+            first_of_cluster = n_block - Int32(cute.arch.block_idx_in_cluster())
+        if n_block >= 0 and first_of_cluster * self.tile_n < seq.seqlen_k:
             if warp_idx == 0:
                 for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                              tma_atom_dQ, tma_atom_dQ_store, tma_atom_dK, tma_atom_dV):
@@ -509,20 +531,36 @@ class FlashAttentionBackwardSm90:
             stage_consumers = consumer_warps
             if const_expr(self.dq_store == "stage"):
                 stage_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            stage_release = {}
+            if const_expr(self.cluster_n > 1 and self.dq_store == "stage"):
+                # The dQ writers release the stages: lanes 0..cluster_n-1 of each CTA's writer warp
+                # arrive on CTA 0..cluster_n-1's barrier (one arrive per writer per CTA).
+                stage_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_n)
+                stage_release = dict(cta_layout_vmnk=cute.make_layout((1, self.cluster_n, 1, 1)),
+                                     mcast_mode_mn=(0, 1))
+            elif const_expr(self.cluster_n > 1):
+                # A Q/dO stage goes back to every CTA's producer: each writes a slice of it.
+                stage_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads)
+                stage_release = dict(cta_layout_vmnk=cute.make_layout((1, self.cluster_n, 1, 1)),
+                                     mcast_mode_mn=(0, 1), enable_multicast_signaling=True)
             pipeline_kv = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_KV.data_ptr(), num_stages=1, producer_group=producer_thread,
                 consumer_group=consumer_warps, tx_count=self.tx_bytes_KV, defer_sync=True,
             )
             pipeline_q = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.num_stages, producer_group=producer_thread,
-                consumer_group=stage_consumers, tx_count=self.tx_bytes_Q, defer_sync=True,
+                consumer_group=stage_consumers, tx_count=self.tx_bytes_Q, defer_sync=True, **stage_release,
             )
             pipeline_do = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_dO.data_ptr(), num_stages=self.num_stages, producer_group=producer_thread,
-                consumer_group=stage_consumers, tx_count=self.tx_bytes_dO, defer_sync=True,
+                consumer_group=stage_consumers, tx_count=self.tx_bytes_dO, defer_sync=True, **stage_release,
             )
             cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
+            if const_expr(self.cluster_n > 1):
+                cute.arch.cluster_arrive_relaxed()
+                cute.arch.cluster_wait()
+            else:
+                cute.arch.sync_threads()
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
@@ -550,6 +588,12 @@ class FlashAttentionBackwardSm90:
                 window_right if const_expr(self.is_local) else None,
             )
             m_block_min, m_block_max = block_info.m_block_range(seq.seqlen_q, seq.seqlen_k, n_block)
+            if const_expr(self.cluster_n > 1 and self.is_local):
+                # The cluster's CTAs walk the same query blocks: the union of their ranges (a
+                # block outside a CTA's own range is fully masked: zeros into dK, dV and dQ).
+                m_block_min = block_info.m_block_range(seq.seqlen_q, seq.seqlen_k, first_of_cluster)[0]
+                m_block_max = block_info.m_block_range(seq.seqlen_q, seq.seqlen_k,
+                                                       first_of_cluster + self.cluster_n - 1)[1]
             start = self.first_query_block(seq, n_block, m_block_min, m_block_max, rotate)
             group = mQ.shape[2] // mK.shape[2]
             sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
@@ -587,6 +631,10 @@ class FlashAttentionBackwardSm90:
                     batch_idx, group, m_block_min, m_block_max, start, sparse_tables,
                     (mScoreParams, mScoreGrad, grad_window),
                 )
+        if const_expr(self.cluster_n > 1):
+            # No CTA leaves while its peer may still release a stage to it.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     @cute.jit
     def stats_offset(self, seq: SeqlenInfo, batch_idx: Int32):
@@ -689,29 +737,34 @@ class FlashAttentionBackwardSm90:
                                  (None, 0))
             gdO = cute.local_tile(self.tile_view(mdO, head, batch_idx, seq.offset_q),
                                   (self.tile_m, self.head_dim_v), (None, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+            clustered = const_expr(self.cluster_n > 1)
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) if clustered else Int32(0)
+            mcast = dict(mcast_mask=cutlass.Int16((1 << self.cluster_n) - 1)) if clustered else {}
+            ranks = cute.make_layout(self.cluster_n)
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, rank, ranks, cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
-            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, rank, ranks, cute.group_modes(sdO, 0, 2),
                                                    cute.group_modes(gdO, 0, 2))
             stats_batch = 0 if const_expr(self.is_varlen) else batch_idx  # packed: one batch row
             gLSE = cute.local_tile(mLSE[None, head, stats_batch], (self.tile_m,), (None,))
             gdPsum = cute.local_tile(mdPsum[None, head, stats_batch], (self.tile_m,), (None,))
-            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, cute.make_layout(1), cute.group_modes(sLSE, 0, 1),
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, rank, ranks, cute.group_modes(sLSE, 0, 1),
                                                cute.group_modes(gLSE, 0, 1))
-            tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, 0, cute.make_layout(1),
+            tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, rank, ranks,
                                                cute.group_modes(sdPsum, 0, 1), cute.group_modes(gdPsum, 0, 1))
             first, end, sparse = self.head_visits(sparse_tables, batch_idx, head, n_block, m_block_min, m_block_max)
             for i in cutlass.range(first, end, unroll=1):
                 m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
                 pipeline_q.producer_acquire(state)
                 bar_q = pipeline_q.producer_get_barrier(state)
-                cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=bar_q)
-                cute.copy(tma_atom_LSE, tLgL[None, stats_block0 + m_block], tLsL[None, state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index], tma_bar_ptr=bar_q, **mcast)
+                cute.copy(tma_atom_LSE, tLgL[None, stats_block0 + m_block], tLsL[None, state.index], tma_bar_ptr=bar_q,
+                          **mcast)
                 pipeline_do.producer_acquire(state)
                 bar_do = pipeline_do.producer_get_barrier(state)
-                cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
+                cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, state.index], tma_bar_ptr=bar_do, **mcast)
                 cute.copy(tma_atom_dPsum, tPgP[None, stats_block0 + m_block], tPsP[None, state.index],
-                          tma_bar_ptr=bar_do)
+                          tma_bar_ptr=bar_do, **mcast)
                 state.advance()
 
     # ---------------------------------------------------------- deterministic dQ order
@@ -863,6 +916,9 @@ class FlashAttentionBackwardSm90:
                 elif store_first != 0:
                     first = self.first_dq_store(claim, counter, lane)
                     cute.arch.sync_warp()
+                    if const_expr(self.cluster_n > 1):
+                        if turn < 0:  # a cluster's block outside this CTA's range: zeros, added
+                            first = Int32(0)
                 for p in cutlass.range_constexpr(self.dq_parts):
                     full_id = int(BwdBarrier.DQ_FULL) + p
                     if const_expr(self.dq_store == "stage"):
