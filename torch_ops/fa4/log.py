@@ -49,17 +49,33 @@ def launched(kind: str, shapes: str) -> None:
         logger.debug("bwd %s: %s, first store %d, rotate %d, deterministic %d, launch group %d", shapes,
                      record["name"], record["store_first"], record["rotate"], record["deterministic"],
                      record["launch_group"])
-        if record["active_clusters"] >= 0:  # a clustered variant was asked for
-            ran = "clusters" if tile_family_of(record["name"]) == "long" else "its 1-CTA twin (too few fit)"
-            logger.debug("bwd %s: the device holds %d clusters at once: %s ran", shapes, record["active_clusters"],
-                         ran)
+        why = clusters_not_run(record)
+        if why:
+            logger.debug("bwd %s: %s", shapes, why)
 
 
 def tile_family_of(variant_name: str) -> str:
-    """The tile family in a forward variant's name (fa4_kernels.catalog names the extra families
-    ``_<family>seq``; the regular one has no suffix)."""
+    """The tile family in a variant's name (fa4_kernels.catalog names the extra families
+    ``_<family>seq``, the backward's 2-CTA clusters "long"; the regular one has no suffix)."""
     found = re.search(r"_([a-z]+)seq(?:_|$)", variant_name)
     return found.group(1) if found else "regular"
+
+
+def clusters_not_run(record: dict) -> str | None:
+    """Why a backward launch ran without 2-CTA clusters where they were asked for, or None: the
+    device did not hold enough of them at once (the 1-CTA twin ran: fa4.heuristics.clusters_fit), or
+    FA4_BWD_CLUSTERS=1 forced them on a call no cluster kernel serves (head_dim 256, dense, no
+    softcap, causal or a window, not deterministic; or this build left it out)."""
+    from fa4 import heuristics
+
+    if tile_family_of(record["name"]) == "long":
+        return None
+    if record["active_clusters"] >= 0:
+        return (f"the device holds {record['active_clusters']} of the cluster kernel's clusters at once, too few: "
+                f"{record['name']} (one CTA per block) ran")
+    if heuristics.tuning()["bwd_clusters"]:
+        return f"FA4_BWD_CLUSTERS=1: no cluster kernel for this call, so {record['name']} ran"
+    return None
 
 
 def forced_family_not_run(variant_name: str) -> str | None:
