@@ -81,11 +81,17 @@ double fa4_tile_fill(int64_t rows, int64_t tile_m) {
  *         616-617, 2k 734-735 -> 744-745, 4k 778-779 -> 794-795, 8k 793 -> 836-837; 16k
  *         723-738 -> 785-793 (other calls). The long tiles pad 3% at 2k and 4k (11 and 22 tiles
  *         of 192 rows) and still win; at 1k they pad 11%.
+ *   hd64 again (session 39, one H200, forward TFLOP/s, FA4_TILES=regular -> short, two
+ *         alternations in one call): causal 1024 378-379 -> 426, 1536 455-456 -> 480-483, 2048
+ *         491-494 -> 516-517, 3072 543 -> 556-560, 4096 567 -> 574-578, 8192 608-611 -> 616-620,
+ *         16k 623 -> 630, 32k 602 -> 602; no mask 1024 511-512 -> 555-561, 1536 611-612 -> 590-593,
+ *         2048 616 -> 611-612, 4096 647-649 -> 635-638, 8192 654-660 -> 628-641, 16k 639-644 ->
+ *         607-613 (the kernels changed since the eleventh session's 1536/2048 causal losses).
  * So, automatically and never for packed GQA (decoding: the regular tiles stream the cache well):
- * - "short" for queries up to SHORT_SEQ_MAX rows: causal always (its warpgroups skip 64-key
- *   diagonal blocks: +2% to +40% at every length measured up to 1024, -1% at 1536); without a
- *   mask where the regular tiles pad and its tiles pad no more (at equal padding its tiles won:
- *   700 rows +5%; without padding they lost: 768 -2%);
+ * - "short": causal at any length (its warpgroups skip 64-key diagonal blocks: +1% to +40% up
+ *   to 16k, even at 32k); without a mask for queries up to SHORT_SEQ_MAX rows where the regular
+ *   tiles pad and its tiles pad no more (at equal padding its tiles won: 700 rows +5%; without
+ *   padding they lost: 768 -2%, 1536 -3%);
  * - "long" for keys from LONG_SEQ_MIN_K on whose query its taller tiles fill at least
  *   LONG_MIN_FILL as well (2048 and 4096 rows: 97%; not one decoding row: 1/192 against 1/128).
  * An override (FA4_TILES) is taken wherever that family is built. */
@@ -101,8 +107,9 @@ int32_t fa4_tile_family(int64_t seqlen_q, int64_t seqlen_k, int32_t packed, int3
   }
   if (packed > 1) return FA4_TILES_REGULAR;
   double fill = fa4_tile_fill(seqlen_q, tile_m);
-  if (short_tile_m && seqlen_q <= SHORT_SEQ_MAX) {
-    if (mask_kind == FA4_MASK_CAUSAL || (fill < 1.0 && fa4_tile_fill(seqlen_q, short_tile_m) >= fill))
+  if (short_tile_m) {
+    if (mask_kind == FA4_MASK_CAUSAL) return FA4_TILES_SHORT;
+    if (seqlen_q <= SHORT_SEQ_MAX && fill < 1.0 && fa4_tile_fill(seqlen_q, short_tile_m) >= fill)
       return FA4_TILES_SHORT;
   }
   if (long_tile_m && seqlen_k >= LONG_SEQ_MIN_K && fa4_tile_fill(seqlen_q, long_tile_m) >= LONG_MIN_FILL * fill)

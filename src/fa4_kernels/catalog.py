@@ -104,7 +104,7 @@ class VariantKey:
 
 
 # The extra tile families, dense only, for the head dims and masks where they measured faster:
-# hd64 short queries (<= 1k) without a mask or causal, hd128 keys from 2k on without a mask
+# hd64 short queries (<= 1k) without a mask, and causal, hd128 keys from 2k on without a mask
 # or causal. Local windows and varlen keep the regular tiles.
 TILE_FAMILIES = {"short": ((64, 64),), "long": ((128, 128),)}
 TILE_FAMILY_MASKS = {"short": ("none", "causal"), "long": ("none", "causal")}
