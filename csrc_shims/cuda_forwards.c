@@ -125,7 +125,9 @@ static pthread_mutex_t cluster_lock = PTHREAD_MUTEX_INITIALIZER;
 static int32_t pretended_clusters = -1;
 static __thread int32_t last_active_clusters = -1;
 
-void fa4_pretend_active_clusters(int32_t clusters) { __atomic_store_n(&pretended_clusters, clusters, __ATOMIC_RELAXED); }
+void fa4_pretend_active_clusters(int32_t clusters) {
+  __atomic_store_n(&pretended_clusters, clusters, __ATOMIC_RELAXED);
+}
 int32_t fa4_last_active_clusters(void) { return last_active_clusters; }
 
 /* How many of this launch's clusters the device holds at once (0 where it cannot tell). */
@@ -138,11 +140,13 @@ static int active_clusters(const cudaLaunchConfig_t *config, const void *func, i
     if (cluster_answers[i].func == func && cluster_answers[i].device == device) active = cluster_answers[i].active;
   if (active < 0) {
     if (cudaOccupancyMaxActiveClusters(&active, func, config) != cudaSuccess) {
-      (void)cudaGetLastError(); /* not sticky: leave nothing behind for the caller's next check */
+      /* Not sticky: leave nothing behind for the caller's next check. Not kept either: a query
+         the runtime refuses once (in a stream capture, say) is asked again at the next launch. */
+      (void)cudaGetLastError();
       active = 0;
-    }
-    if (cluster_answer_count < CLUSTER_ANSWERS)
+    } else if (cluster_answer_count < CLUSTER_ANSWERS) {
       cluster_answers[cluster_answer_count++] = (cluster_answer){func, device, active};
+    }
   }
   pthread_mutex_unlock(&cluster_lock);
   return active;

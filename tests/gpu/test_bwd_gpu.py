@@ -6,6 +6,10 @@ same naive math run in the input dtype (plus a small floor), and under an absolu
 caching allocator is poisoned with NaN first, so an unwritten gradient element cannot pass.
 """
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -401,6 +405,39 @@ def test_cluster_kernels_under_repeated_uneven_calls(monkeypatch):
         assert record["name"].endswith("_longseq")
         for a, b in zip(got, want):
             assert rel_error(a, b) < 8e-3
+
+
+CAPTURED_FIRST = textwrap.dedent('''
+    import os, torch
+    from fa4 import _native
+    from fa4.testing import rel_error
+    os.environ["FA4_BWD_CLUSTERS"] = "1"
+    q, k, v, dout = (torch.randn(2, 700, 4, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = 256 ** -0.5
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the process's first clustered launch: asked inside the capture
+        captured = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, True)
+    record = _native.last_launch("bwd")
+    graph.replay()
+    eager = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, True)
+    torch.cuda.synchronize()
+    assert max(rel_error(a, b) for a, b in zip(captured, eager)) < 8e-3
+    print(record["name"], record["active_clusters"])
+''')
+
+
+def test_cluster_kernels_captured_in_a_cuda_graph_first():
+    """A process whose first clustered backward is captured in a CUDA graph asks the device about
+    its clusters inside the capture (a refused query would capture the 1-CTA twin, and ask again
+    at the next launch): the replay equals an eager call up to the order of dQ's additions."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", CAPTURED_FIRST], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name, active = proc.stdout.split()[-2:]
+    print(f"captured first: {name}, {active} clusters at once")
+    assert name.endswith("_local_longseq") and int(active) > 0, proc.stdout
 
 
 def test_cluster_kernels_by_default_for_long_keys_only(monkeypatch):
