@@ -4,7 +4,7 @@ settings rotated between rounds like fa4.bench's providers, so clock and tempera
 land on all of them alike.
 
     python3 scripts/bwd_ab.py base:FA4_BWD_STORE_FIRST=0,FA4_BWD_ROTATE=0 new: \\
-        [--head-dims 128 64 256] [--seqlens 1024 4096 16384] [--window 1024] [--group 4] [--hidden 4096]
+        [--head-dims 128 64 256] [--seqlens 1024 4096 16384] [--window 1024] [--docs 8] [--group 4] [--hidden 4096]
         [--rounds 3] [--iters 10]
 
 Each positional argument is NAME:VAR=VALUE,... (an empty list: the defaults; ``deterministic=1``
@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--window", type=int, default=0, help="also a (W, 0) window at 16k tokens, hd128")
+    ap.add_argument("--docs", type=int, default=0,
+                    help="also N random-length causal documents packed in 16k tokens (fa4.bench's), per head dim")
     ap.add_argument("--group", type=int, default=1, help="query heads per K/V head (GQA)")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
@@ -48,22 +50,36 @@ def main():
         args.causal] for s in args.seqlens]
     if args.window:
         cases.append((128, tokens, False, args.window))
+    if args.docs:
+        cases += [(d, 0, True, None) for d in args.head_dims]  # seqlen 0: the documents
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     print("fwd+bwd TFLOP/s; " + ", ".join(f"{n} = {e or 'defaults'}" for n, e in args.settings))
     keys = {k for _, e in args.settings for k in e} - {"deterministic"}
+    gen = torch.Generator().manual_seed(0)  # fa4.bench's documents
+    cuts = torch.randperm(tokens - 1, generator=gen)[: max(args.docs, 2) - 1].add(1).sort().values
+    bounds = [0] + cuts.tolist() + [tokens]
+    lengths = [hi - lo for lo, hi in zip(bounds, bounds[1:])]
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
     for d, s, causal, window in cases:
-        b, h = max(1, tokens // s), hidden // d
+        docs = s == 0
+        b, h = (1, hidden // d) if docs else (max(1, tokens // s), hidden // d)
         win = (window, 0) if window else (-1, -1)
-        pairs = bench.visible_pairs(s, s, window, 0) if window else s * s // (2 if causal else 1)
+        if docs:
+            pairs = sum(bench.visible_pairs(n, n, -1, 0) for n in lengths)
+        else:
+            pairs = bench.visible_pairs(s, s, window, 0) if window else s * s // (2 if causal else 1)
         flops = 3.5 * 4 * b * h * pairs * d
+        rows = tokens if docs else s
+
+        lead = () if docs else (b,)  # packed documents: (tokens, heads, dim)
 
         def make():
             out = []
             for _ in range(3):
-                q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                k, v = (torch.randn(b, s, h // args.group, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                        for _ in range(2))
-                out.append((q, k, v, torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)))
+                q = torch.randn(*lead, rows, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k, v = (torch.randn(*lead, rows, h // args.group, d, device="cuda", dtype=torch.bfloat16,
+                                    requires_grad=True) for _ in range(2))
+                out.append((q, k, v, torch.randn(*lead, rows, h, d, device="cuda", dtype=torch.bfloat16)))
             return out
 
         def step_with(env):
@@ -74,15 +90,20 @@ def main():
                 for key in keys:
                     os.environ.pop(key, None)
                 os.environ.update(env)
-                return torch.autograd.grad(fa4.attention(q, k, v, causal=causal, window=win,
-                                                         deterministic=deterministic), (q, k, v), do)
+                if docs:
+                    out = fa4.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                               deterministic=deterministic)
+                else:
+                    out = fa4.attention(q, k, v, causal=causal, window=win, deterministic=deterministic)
+                return torch.autograd.grad(out, (q, k, v), do)
             return step
         fns = {name: step_with(env) for name, env in args.settings}
         result = bench.time_providers(fns, make, flops, args, f"hd{d} s{s}")
         first = result[args.settings[0][0]][0]
         cells = "  ".join(f"{n} {t:6.1f} ({t / first:.3f}; rounds {min(r):.0f}-{max(r):.0f})"
                           for n, (t, r) in result.items())
-        print(f"hd{d} seqlen {s:5d} causal={int(causal)} window={win}: {cells}", flush=True)
+        what = f"{len(lengths)} causal documents" if docs else f"seqlen {s:5d} causal={int(causal)} window={win}"
+        print(f"hd{d} {what}: {cells}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,13 @@
 fa4 beside SDPA-cuDNN, from the torch profiler (diagnostics for the backward's tuning).
 
     python3 scripts/bwd_breakdown.py [--head-dims 64 128 256] [--seqlens 1024 4096 16384] [--window 1024]
-                                     [--summary] [--no-peer]
+                                     [--docs 8] [--summary] [--no-peer]
 
 Setup as fa4.bench (bf16, 16k tokens per batch, hidden 2048). For each case: microseconds per
 step of each kernel (summed over its launches, mean over the profiled steps), the kernels'
 total, and the share of the backward's auxiliary kernels (statistics, zeroing, dQ conversion)
-in fa4's step.
+in fa4's step. ``--docs N``: also N random-length causal documents packed in the 16k tokens
+(fa4.attention_varlen, the documents of ``fa4.bench --varlen-docs``), per head dim.
 """
 import argparse
 from collections import defaultdict
@@ -60,6 +61,7 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--window", type=int, default=1024, help="also a (W, 0) window at 16k tokens, hd128 (0: not)")
+    ap.add_argument("--docs", type=int, default=0, help="also N packed causal documents (attention_varlen)")
     ap.add_argument("--summary", action="store_true", help="one line per provider and case")
     ap.add_argument("--no-peer", action="store_true", help="fa4 only (no SDPA cuDNN)")
     args = ap.parse_args()
@@ -68,6 +70,23 @@ def main():
     if args.window:
         cases.append((128, tokens, False, args.window))
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    if args.docs:
+        gen = torch.Generator().manual_seed(0)  # fa4.bench's documents
+        cuts = torch.randperm(tokens - 1, generator=gen)[: args.docs - 1].add(1).sort().values
+        bounds = [0] + cuts.tolist() + [tokens]
+        longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+        cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+        for d in args.head_dims:
+            h = hidden // d
+            q, k, v = (torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            do = torch.randn(tokens, h, d, device="cuda", dtype=torch.bfloat16)
+
+            def docs_step():
+                out = fa4.attention_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+                torch.autograd.grad(out, (q, k, v), do)
+            print(f"\nhd{d} {args.docs} causal documents {bounds} heads {h}")
+            report("fa4 varlen", kernel_us(docs_step), args.summary)
     for d, s, causal, window in cases:
         b, h = max(1, tokens // s), hidden // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
