@@ -1107,10 +1107,12 @@ std::tuple<Tensor, Tensor> fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_q,
 //             in its padded layout: LSE * log2(e) (+inf where a row sees no key and in the
 //             padding, so those rows' probabilities are 0) and dPsum = rowsum(dO * O) - dLSE (the
 //             gradient through the returned LSE folds in here: d LSE / d s = p, so
-//             dS = p * (dP - dPsum + dLSE)); it also zeroes dQ's fp32 accumulator, for dense
-//             calls only the rows that see no key (fa4_bwd_store_first);
+//             dS = p * (dP - dPsum + dLSE)); it also zeroes what the main kernel leaves
+//             unwritten: with first stores (fa4_bwd_store_first) only dQ accumulator rows that see
+//             no key (and packed sequences' partial last query blocks), and with packed sequences
+//             dK/dV past seqused_k and every row outside all sequences;
 // main        (sm90/bwd.py) dQ accumulated in fp32 (scaled) by TMA reduce-adds, the first K/V
-//             block to reach a query block storing instead (dense calls), staged in the finished
+//             block to reach a query block storing instead (whole blocks), staged in the finished
 //             Q/dO stage at hd256; dK and dV written once per K/V block (GQA groups summed inside
 //             the kernel); one int32 counter per (sequence, head, query block), zero at launch,
 //             holds the first-store claims and, when deterministic, orders each query block's dQ
@@ -1166,7 +1168,6 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   Tensor dk, dv_out;
   std::vector<int64_t> q_shape = shape_of(q), k_shape = shape_of(k), v_shape = shape_of(v);
   int32_t f32 = aoti_torch_dtype_float32(), io = dtype_code(q.scalar_type());
-  size_t elem = q.element_size();
   int64_t sequences = varlen ? varlen->cu_q.size(0) - 1 : b;
   // One fp32 workspace: dQ's accumulator (q's shape), then LSE * log2(e) and dPsum, (b, hq, rows)
   // each. The accumulator's size is a multiple of head_dim (>= 32 floats): the statistics start
@@ -1180,21 +1181,24 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     num_n_blocks = (sk + tile_n - 1) / tile_n;
     double blocks = fa4_mean_visible_keys(sq, sk, mask) / (double)tile_n;  // per query block
     // Block-sparse: zero-and-add (which K/V block reaches a query block first is the tables').
-    store_first = sparse ? 0 : fa4_bwd_store_first(0, num_n_blocks, blocks, tune.bwd_store_first);
+    store_first = sparse ? 0 : fa4_bwd_store_first(num_n_blocks, blocks, tune.bwd_store_first);
     // The preprocess zeroes dQ's accumulator (with store_first only the rows no K/V block
     // reaches); every key row is in a visited K/V block.
     zero_rows = store_first ? fa4_keyless_rows(sq, sk, mask) : sq;
     dk = empty(k_shape, io, device);
     dv_out = empty(v_shape, io, device);
   } else {
-    num_m_blocks = std::max<int64_t>(1, (std::min(varlen->max_seqlen_q, sq) + stats_block - 1) / stats_block);
-    num_n_blocks = std::max<int64_t>(1, (std::min(varlen->max_seqlen_k, sk) + tile_n - 1) / tile_n);
-    // Rows outside every sequence and keys past seqused_k get no gradient: zeros.
-    store_first = 0, zero_rows = 0;
-    cudaError_t err = cudaMemsetAsync(acc_data, 0, (size_t)acc_words * 4, (cudaStream_t)stream);
-    FA4_CHECK(err == cudaSuccess, "fa4: cudaMemsetAsync failed: ", cudaGetErrorString(err));
-    dk = zeros(k_shape, io, device, elem, stream);
-    dv_out = zeros(v_shape, io, device, elem, stream);
+    const int64_t max_q = std::min(varlen->max_seqlen_q, sq), max_k = std::min(varlen->max_seqlen_k, sk);
+    num_m_blocks = std::max<int64_t>(1, (max_q + stats_block - 1) / stats_block);
+    num_n_blocks = std::max<int64_t>(1, (max_k + tile_n - 1) / tile_n);
+    // K/V blocks per query block of the longest sequences (the host sees no other lengths).
+    double blocks = fa4_mean_visible_keys(max_q, max_k, mask) / (double)tile_n;
+    store_first = fa4_bwd_store_first(num_n_blocks, blocks, tune.bwd_store_first);
+    // Rows outside every sequence and keys past seqused_k get no gradient: the preprocess zeroes
+    // them, and the accumulator's rows no first store writes (fa4_bwd_pre_params).
+    zero_rows = 0;
+    dk = empty(k_shape, io, device);
+    dv_out = empty(v_shape, io, device);
   }
   phases.mark("gradients");
   int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, num_n_blocks, dev.num_sms, main_v.tile_m,
@@ -1236,7 +1240,8 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
       n_score_grad.shape[0] = 0;
     }
   }
-  fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks, varlen ? 1 : 0};
+  fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks, varlen ? 1 : 0,
+                                store_first, mask.window_right, varlen && varlen->used_k ? 1 : 0};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
                         varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first,
                         fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, tune.bwd_launch_group)};
@@ -1244,7 +1249,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   {
     DeviceGuard guard(device);
     check_status(fa4_bwd_preprocess(pre_c.family[0], &n_out, &n_dout, &n_lse, &n_dlse, &n_lse2, &n_dpsum, &n_acc,
-                                    &cu_q, &pre_params, stream),
+                                    &n_dk, &n_dv, &cu_q, &cu_k, &used_k, &pre_params, stream),
                  "backward preprocess");
     phases.mark("launch preprocess");
     check_status(fa4_bwd(main_index, &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,

@@ -69,8 +69,7 @@ int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks
 int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int64_t num_splits);
 
 double fa4_mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
-int32_t fa4_bwd_store_first(int32_t varlen, int64_t num_n_blocks, double blocks_per_query_block,
-                            int32_t override);
+int32_t fa4_bwd_store_first(int64_t num_n_blocks, double blocks_per_query_block, int32_t override);
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
                        int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override);
 /* The causal backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's

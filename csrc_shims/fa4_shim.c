@@ -377,12 +377,13 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 "seqused_k one entry per sequence");
   if (params->deterministic && (dq_semaphore->shape[0] < num_seqs || dq_semaphore->shape[1] < hq))
     return fail(FA4_ERR_BAD_TENSOR, "dq_semaphore must be (sequences, hq, m_blocks) int32 in deterministic mode");
-  /* store_first counts claims in a counter's high 16 bits: fewer K/V blocks than 2^15. */
+  /* store_first counts claims in a counter's high 16 bits: fewer K/V blocks than 2^15. Packed
+     sequences' counters cover the query blocks of max_seqlen_q (the kernel adds into any beyond). */
   if (params->store_first &&
-      (varlen || dq_semaphore->shape[0] != b || dq_semaphore->shape[1] != hq || params->num_n_blocks >= 32768 ||
-       dq_semaphore->shape[2] != (sq + variant->tile_m - 1) / variant->tile_m))
-    return fail(FA4_ERR_BAD_TENSOR, "store_first: dense calls only, fewer than 32768 K/V blocks, and dq_semaphore "
-                "(b, hq, ceil(seqlen_q / %d)) int32", variant->tile_m);
+      (dq_semaphore->shape[0] != num_seqs || dq_semaphore->shape[1] != hq || params->num_n_blocks >= 32768 ||
+       (varlen ? dq_semaphore->shape[2] < 1 : dq_semaphore->shape[2] != (sq + variant->tile_m - 1) / variant->tile_m)))
+    return fail(FA4_ERR_BAD_TENSOR, "store_first: fewer than 32768 K/V blocks, and dq_semaphore (sequences, hq, "
+                "query blocks of %d rows) int32", variant->tile_m);
   if (num_seqs > 65535 || hk > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
   /* Launch groups reorder the CTAs of one grid: window variants of dense batches only, and never
@@ -451,8 +452,9 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
 
 int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                            const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
-                           const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
-                           const fa4_bwd_pre_params *params, void *stream) {
+                           const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                           const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                           const fa4_tensor *seqused_k, const fa4_bwd_pre_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -462,12 +464,16 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
   if ((status = check_tensor("out", out, 4, 2, 1)) || (status = check_tensor("dout", dout, 4, 2, 1)) ||
       (status = check_tensor("lse", lse, 3, 4, 0)) || (status = check_tensor("dlse", dlse, 3, 4, 0)) ||
       (status = check_tensor("lse_log2", lse_log2, 3, 4, 1)) || (status = check_tensor("dpsum", dpsum, 3, 4, 1)) ||
-      (status = check_tensor("dq_accum", dq_accum, 4, 4, 1)) ||
-      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)))
+      (status = check_tensor("dq_accum", dq_accum, 4, 4, 1)) || (status = check_tensor("dk", dk, 4, 2, 1)) ||
+      (status = check_tensor("dv", dv, 4, 2, 1)) || (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)) ||
+      (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4, 0)) ||
+      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   if (params->varlen != 0 && params->varlen != 1)
     return fail(FA4_ERR_BAD_TENSOR, "params->varlen must be 0 or 1, got %d", params->varlen);
+  if (params->window_right < 0)
+    return fail(FA4_ERR_BAD_TENSOR, "params->window_right must be >= 0, got %d", params->window_right);
   int64_t b = out->shape[0], sq = out->shape[1], hq = out->shape[2];
   int32_t varlen = params->varlen;
   int64_t num_seqs = varlen ? cu_seqlens_q->shape[0] - 1 : b;
@@ -483,13 +489,18 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
   if (params->num_m_blocks < 1 || params->num_m_blocks > (sq + variant->tile_m - 1) / variant->tile_m + 1)
     return fail(FA4_ERR_BAD_TENSOR, "num_m_blocks %d out of [1, ceil(seqlen_q / %d) + 1]", params->num_m_blocks,
                 variant->tile_m);
-  if (varlen && (b != 1 || cu_seqlens_q->shape[0] < 2))
-    return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q of length >= 2");
-  if (num_seqs > 65535 || hq > 65535)
+  if (varlen && (b != 1 || cu_seqlens_q->shape[0] < 2 || cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
+                 (params->has_seqused_k && seqused_k->shape[0] != num_seqs) || dk->shape[0] != 1 ||
+                 dk->shape[3] != dq_accum->shape[3] || !same_shape4(dv, 1, dk->shape[1], dk->shape[2], out->shape[3]) ||
+                 dk->shape[2] < 1 || hq % dk->shape[2] != 0))
+    return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, seqused_k one "
+                "entry per sequence, dk (1, sk, hk, d) and dv (1, sk, hk, dv) with hq a multiple of hk");
+  /* Packed sequences: one more slice of the grid for the rows outside every sequence. */
+  if (num_seqs + varlen > 65535 || hq > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or heads for one launch (grid y/z <= 65535)");
   if ((status = ready_on_current_device(index))) return status;
-  int32_t ret = variant->bwd_pre(out, dout, lse, dlse, lse_log2, dpsum, dq_accum, cu_seqlens_q, params,
-                                 (cudaStream_t)stream);
+  int32_t ret = variant->bwd_pre(out, dout, lse, dlse, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                                 seqused_k, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;

@@ -62,16 +62,20 @@ typedef struct {
   int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
   int32_t deterministic; /* 1: add into each query block's dQ rows in K/V-block order (dq_semaphore) */
   int32_t rotate;        /* 1: no mask, each K/V block starts at its own query block (src/fa4_kernels/sm90/bwd.py) */
-  int32_t store_first;   /* 1: dq_accum not zeroed: a query block's first K/V block stores (dense only) */
+  int32_t store_first;   /* 1: dq_accum not zeroed: a query block's first K/V block stores (packed sequences: whole
+                            query blocks only, fa4_bwd_preprocess zeroing the rest) */
   int32_t launch_group;  /* > 0: local variants of dense batches, not deterministic: the CTAs launch in groups of
                             this many (batch, head) pairs (fa4_bwd_launch_group); 0: the grid's order */
 } fa4_bwd_params;
 
 typedef struct {
-  int32_t has_dlse;     /* 1: dlse holds the gradient flowing into the returned LSE */
-  int32_t zero_rows;    /* zero dq_accum's rows below this one in each sequence */
-  int32_t num_m_blocks; /* query blocks of tile_m rows of the longest sequence: the grid's x */
-  int32_t varlen;       /* 1: packed sequences delimited by cu_seqlens_q (batch dim 1); 0: dense */
+  int32_t has_dlse;      /* 1: dlse holds the gradient flowing into the returned LSE */
+  int32_t zero_rows;     /* dense: zero dq_accum's rows below this one in each batch */
+  int32_t num_m_blocks;  /* query blocks of tile_m rows of the longest sequence: the grid's x */
+  int32_t varlen;        /* 1: packed sequences delimited by cu_seqlens_q/k (batch dim 1); 0: dense */
+  int32_t store_first;   /* varlen: the fa4_bwd call's store_first (which dq_accum rows need zeros) */
+  int32_t window_right;  /* varlen: the mask's right side (FA4_UNBOUNDED: none), for the rows that see no key */
+  int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
 } fa4_bwd_pre_params;
 
 enum fa4_status {
@@ -154,15 +158,21 @@ int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
                 const fa4_tensor *sparse_bits, const fa4_tensor *score_params, const fa4_tensor *score_grad,
                 const fa4_bwd_params *params, void *stream);
 
-/* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims, varlen):
+/* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims):
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);
  * writes lse_log2 and dpsum as fa4_bwd reads them, every statistics block of every sequence's
  * first max(ceil(seqlen / tile_m), 1) blocks (so num_m_blocks must cover the longest sequence),
- * and zeroes dq_accum (b, sq, hq, d) fp32 on each sequence's rows below params->zero_rows. */
+ * and zeroes what the fa4_bwd call with the same store_first leaves unwritten: dense batches,
+ * dq_accum (b, sq, hq, d) fp32 on each batch's rows below params->zero_rows; packed sequences,
+ * dq_accum's rows of each sequence (every one without store_first; with it, those that see no
+ * key and a partial last query block's), dk (b, sk, hk, d) and dv (b, sk, hk, dv) on the keys
+ * past seqused_k, and all three outside every sequence (src/fa4_kernels/sm90/bwd_preprocess.py).
+ * cu_seqlens_k and seqused_k are read with packed sequences only. */
 int32_t fa4_bwd_preprocess(int32_t variant, const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                            const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
-                           const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
-                           const fa4_bwd_pre_params *params, void *stream);
+                           const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                           const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                           const fa4_tensor *seqused_k, const fa4_bwd_pre_params *params, void *stream);
 
 /* The backward's postprocess: dq = dq_accum converted to the variant's dtype (its bwd_post variant),
  * both rank 1, contiguous, 16-byte aligned, of the same length, a multiple of 8 elements (dQ's

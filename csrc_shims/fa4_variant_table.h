@@ -37,8 +37,10 @@ typedef int32_t fa4_bwd_launch(const fa4_tensor *q, const fa4_tensor *k, const f
 
 typedef int32_t fa4_bwd_pre_launch(const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                                    const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
-                                   const fa4_tensor *dq_accum, const fa4_tensor *cu_seqlens_q,
-                                   const fa4_bwd_pre_params *params, cudaStream_t stream);
+                                   const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
+                                   const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
+                                   const fa4_tensor *seqused_k, const fa4_bwd_pre_params *params,
+                                   cudaStream_t stream);
 
 typedef int32_t fa4_bwd_post_launch(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream);
 

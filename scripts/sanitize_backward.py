@@ -6,7 +6,8 @@ the finished Q/dO stage (hd256). Each runs causal and local blocks whose query
 range starts and ends inside the sequence, several query blocks per CTA (the Q/dO rings and the
 dS/P stages wrap), GQA groups looped inside a CTA, softcap, the gradient through the returned
 LSE, packed sequences with partial last K/V blocks (row-predicated dK/dV stores), empty and
-one-row documents, keys cut by seqused_k, and deterministic mode (the dQ turn counters; without a
+one-row documents, keys cut by seqused_k, rows outside every sequence (zeroed by the
+preprocess), and deterministic mode (the dQ turn counters; without a
 mask in the rotated order). hd256 also runs its 2-CTA cluster kernels (FA4_BWD_CLUSTERS=1, the
 window kernel's): odd K/V block counts (the last cluster's second CTA past the keys), causal pairs
 whose query ranges differ (seqlen_q != seqlen_k), a window, GQA, and the 1-CTA fallback.
@@ -61,6 +62,15 @@ def family(d, dv):
     # Without a mask, deterministic: rotated starts and arrival-order turns per sequence.
     step(lambda q, k, v: fa4.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), deterministic=True),
          q, k, v)
+    # The same documents inside larger buffers (rows before the first and after the last one, which
+    # the preprocess zeroes), default mode: first stores into whole query blocks by claims (rotated
+    # without a mask), partial last blocks added into.
+    q = torch.randn(sum(lens_q) + 40, 4, d, device=dev, dtype=bf16)
+    k = torch.randn(sum(lens_k) + 20, 2, d, device=dev, dtype=bf16)
+    v = torch.randn(sum(lens_k) + 20, 2, dv, device=dev, dtype=bf16)
+    for kwargs in ({}, {"causal": True}, {"window": (40, 40), "seqused_k": used}):
+        step(lambda q, k, v: fa4.attention_varlen(q, k, v, cu_q + 7, cu_k + 3, max(lens_q), max(lens_k), **kwargs),
+             q, k, v)
 
 
 def clusters(d, dv):

@@ -421,8 +421,9 @@ def _compile_bwd_pre(key: catalog.VariantKey):
     kernel = BackwardPreprocessSm90(dtype, key.head_dim, key.head_dim_v, cfg.tile_m)
     return cute.compile(
         kernel, bshd(key.head_dim_v), bshd(key.head_dim_v), stats(), stats(),
-        stats(divisibility=4, align=16), stats(divisibility=4, align=16), bshd(key.head_dim, Float32), vector(),
-        Int32(0), Int32(0), Int32(1), Int32(0), make_fake_stream(),
+        stats(divisibility=4, align=16), stats(divisibility=4, align=16), bshd(key.head_dim, Float32),
+        bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
+        Int32(0), Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
 
 
@@ -455,7 +456,8 @@ TENSOR_ARGS = {
             "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits",
             "mScoreParams": "score_params", "mScoreGrad": "score_grad"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
-                "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mCuSeqlensQ": "cu_seqlens_q"},
+                "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
+                "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k"},
     "bwd_post": {"mAccum": "dq_accum", "mOut": "dq"},
 }
 
@@ -496,7 +498,7 @@ WRAPPER_SCALARS = {
             "max_seqlen_q", "has_seqused_k", "pack_gqa", "tail_ctas", "page_size", "seqlen_new"),
     "bwd": ("softmax_scale", "softcap", "window_left", "window_right", "num_n_blocks", "has_seqused_k",
             "deterministic", "rotate", "store_first", "launch_group"),
-    "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks", "varlen"),
+    "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks", "varlen", "store_first", "window_right", "has_seqused_k"),
     "bwd_post": (),
 }
 

@@ -132,7 +132,9 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0, 0,') in c
     assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
     assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
-    assert "params->has_dlse, params->zero_rows, params->num_m_blocks, params->varlen, stream" in c
+    assert ("params->has_dlse, params->zero_rows, params->num_m_blocks, params->varlen, params->store_first, "
+            "params->window_right, params->has_seqused_k, stream") in c
+    assert "&t_dq_accum, &t_dk, &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k," in c
 
 
 def test_unexpected_header_is_rejected(tmp_path: Path):

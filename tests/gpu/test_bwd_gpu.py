@@ -163,23 +163,19 @@ def random_docs(num_docs, total, generator):
     return bounds.to(torch.int32)
 
 
-@pytest.mark.parametrize("dims", BWD_HEAD_DIMS, ids=lambda d: f"d{d[0]}")
-@pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
-@pytest.mark.parametrize("seqused", [False, True], ids=["all_keys", "seqused_k"])
-def test_varlen(dims, mask, seqused):
+def check_varlen_grads(dims, mask, cu_q, cu_k, used=None, total=None, dtype=torch.bfloat16):
+    """fa4.attention_varlen's gradients against float64 per sequence, on poisoned memory. ``total``:
+    (rows of q, rows of k) when the tensors reach past the sequences (default: cu_q[-1], cu_k[-1]);
+    rows outside every sequence and keys past seqused_k must get zero gradients."""
     d, dv = dims
     _, causal, window = mask
-    gen = torch.Generator().manual_seed(1)
-    # Empty and one-row documents among random ones; keys differ in length from queries.
-    cu_q = torch.tensor([0, 0, 1, 150, 151, 500, 777], dtype=torch.int32)
-    cu_k = torch.tensor([0, 5, 6, 90, 300, 555, 900], dtype=torch.int32)
     hq, hk = 4, 2
-    q = torch.randn(int(cu_q[-1]), hq, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(int(cu_k[-1]), hk, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(int(cu_k[-1]), hk, dv, device="cuda", dtype=torch.bfloat16)
+    total_q, total_k = total or (int(cu_q[-1]), int(cu_k[-1]))
+    q = torch.randn(total_q, hq, d, device="cuda", dtype=dtype)
+    k = torch.randn(total_k, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(total_k, hk, dv, device="cuda", dtype=dtype)
     lens_k = (cu_k[1:] - cu_k[:-1])
-    used = (lens_k - torch.randint(0, 40, lens_k.shape, generator=gen)).clamp(min=0).to(torch.int32) if seqused else None
-    dout = torch.randn(q.shape[0], hq, dv, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(q.shape[0], hq, dv, device="cuda", dtype=dtype)
     poison_allocator()
     cuq, cuk = cu_q.cuda(), cu_k.cuda()
     usedc = used.cuda() if used is not None else None
@@ -188,6 +184,10 @@ def test_varlen(dims, mask, seqused):
                                                      causal=causal, window=window), (q, k, v), dout)
     torch.cuda.synchronize()
     ref = [torch.zeros_like(x, dtype=torch.float64) for x in (q, k, v)]
+    # Rows no gradient reaches (outside every sequence, keys past seqused_k, rows that see no key
+    # and keys no row sees) must be exact zeros.
+    live_q = torch.zeros(total_q, dtype=torch.bool, device="cuda")
+    live_k = torch.zeros(total_k, dtype=torch.bool, device="cuda")
     for i in range(len(cu_q) - 1):
         rq = slice(int(cu_q[i]), int(cu_q[i + 1]))
         nk = int(lens_k[i]) if used is None else int(used[i])
@@ -196,11 +196,72 @@ def test_varlen(dims, mask, seqused):
             continue
         if nk == 0:
             continue  # no keys: output 0, every gradient 0
+        seen = visible_keys(rq.stop - rq.start, nk, causal, window, "cuda")
+        live_q[rq], live_k[rk] = seen.any(1), seen.any(0)
         g = grads(lambda q, k, v: naive_attention(q, k, v, causal=causal, window=window)[0],
                   (q[rq][None].double(), k[rk][None].double(), v[rk][None].double()), dout[rq][None].double())
         ref[0][rq], ref[1][rk], ref[2][rk] = g[0][0], g[1][0], g[2][0]
-    for name, g, r in zip("qkv", got, ref):
+    for name, g, r, live in zip("qkv", got, ref, (live_q, live_k, live_k)):
+        assert torch.isfinite(g).all(), f"d{name}: unwritten (poisoned) elements"
         assert rel_error(g, r) < 1e-2, f"d{name}: {rel_error(g, r):.3e}"
+        assert torch.all(g[~live] == 0), f"d{name}: rows no gradient reaches are not zero"
+    return got
+
+
+@pytest.mark.parametrize("dims", BWD_HEAD_DIMS, ids=lambda d: f"d{d[0]}")
+@pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
+@pytest.mark.parametrize("seqused", [False, True], ids=["all_keys", "seqused_k"])
+def test_varlen(dims, mask, seqused):
+    gen = torch.Generator().manual_seed(1)
+    # Empty and one-row documents among random ones; keys differ in length from queries (more
+    # queries than keys in the fifth: its first rows see no key under the causal mask).
+    cu_q = torch.tensor([0, 0, 1, 150, 151, 500, 777], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 6, 90, 300, 555, 900], dtype=torch.int32)
+    lens_k = (cu_k[1:] - cu_k[:-1])
+    used = (lens_k - torch.randint(0, 40, lens_k.shape, generator=gen)).clamp(min=0).to(torch.int32)
+    check_varlen_grads(dims, mask, cu_q, cu_k, used if seqused else None)
+
+
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
+@pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
+@pytest.mark.parametrize("store_first", ["0", "1"], ids=["zeroed", "first_stores"])
+def test_varlen_rows_outside_every_sequence(monkeypatch, dims, mask, store_first):
+    """Rows before the first sequence and after the last one (a buffer with room to spare), and
+    sequences whose last query block is partial or whole (128 and 256 rows: whole in every
+    kernel's blocks), get exact zeros where no gradient flows: the preprocess zeroes what the
+    main kernel leaves unwritten, with and without first stores."""
+    monkeypatch.setenv("FA4_BWD_STORE_FIRST", store_first)
+    cu_q = torch.tensor([7, 135, 391, 392, 600], dtype=torch.int32)
+    cu_k = torch.tensor([3, 131, 300, 301, 700], dtype=torch.int32)
+    used = torch.tensor([128, 100, 0, 250], dtype=torch.int32)
+    check_varlen_grads(dims, mask, cu_q, cu_k, total=(650, 777))
+    check_varlen_grads(dims, mask, cu_q, cu_k, used, total=(650, 777))
+
+
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
+@pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
+def test_varlen_first_store_equals_adding_to_zeros(monkeypatch, dims, mask):
+    """Packed sequences' first stores (whole query blocks; partial last blocks added into zeros):
+    bitwise the zero-and-add gradients in deterministic mode, equal up to the order of dQ's
+    additions otherwise."""
+    d, dv = dims
+    _, causal, window = mask
+    cu = torch.tensor([0, 1, 300, 301, 900, 1028, 1400], dtype=torch.int32, device="cuda")
+    q = torch.randn(1400, 6, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1400, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1400, 2, dv, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(1400, 6, dv, device="cuda", dtype=torch.bfloat16)
+
+    def run(store_first, deterministic):
+        monkeypatch.setenv("FA4_BWD_STORE_FIRST", store_first)
+        poison_allocator()
+        return grads(lambda q, k, v: fa4.attention_varlen(q, k, v, cu, cu, 599, 599, causal=causal, window=window,
+                                                          deterministic=deterministic), (q, k, v), dout)
+    zeroed = run("0", True)
+    for a, b in zip(run("1", True), zeroed):
+        assert torch.equal(a, b)
+    for a, b in zip(run("1", False), zeroed):
+        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
 
 
 def test_cuda_backward_never_runs_the_reference(monkeypatch):

@@ -219,12 +219,12 @@ def test_explicit_split_counts_and_page_sizes():
 
 
 def test_backward_store_first_and_rotation():
-    assert heuristics.bwd_store_first(False, 32, 32)
-    assert not heuristics.bwd_store_first(False, 128, 128)  # many K/V blocks per query block: claims cost
-    assert heuristics.bwd_store_first(False, 128, 128, override=True)
-    assert not heuristics.bwd_store_first(True, 8, 8)  # packed: rows outside sequences read as zeros
-    assert not heuristics.bwd_store_first(False, heuristics.MAX_FIRST_STORE_BLOCKS, 8, override=True)  # 15 bits
-    assert not heuristics.bwd_store_first(False, 8, 8, override=False)
+    assert heuristics.bwd_store_first(32, 32)
+    assert heuristics.bwd_store_first(64, 25)  # 8 causal documents in 16k tokens (the longest 6339)
+    assert not heuristics.bwd_store_first(128, 128)  # many K/V blocks per query block: claims cost
+    assert heuristics.bwd_store_first(128, 128, override=True)
+    assert not heuristics.bwd_store_first(heuristics.MAX_FIRST_STORE_BLOCKS, 8, override=True)  # 15 bits
+    assert not heuristics.bwd_store_first(8, 8, override=False)
     # Default mode: one chunk of every K/V block, with the first store.
     assert heuristics.bwd_rotate("none", False, store_first=True, num_n_blocks=256, num_sms=132) == 256
     assert heuristics.bwd_rotate("none", False, False, 256, 132) == 0  # it goes with the first store

@@ -67,7 +67,7 @@ def rules() -> ctypes.CDLL:
         "fa4_kv_page_size": (i32, [i64, i64]),
         "fa4_kv_kernel_page_rows": (i64, [i64]),
         "fa4_mean_visible_keys": (f64, [i64, i64, _Mask]),
-        "fa4_bwd_store_first": (i32, [i32, i64, f64, i32]),
+        "fa4_bwd_store_first": (i32, [i64, f64, i32]),
         "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32]),
         "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32]),
         "fa4_bwd_tile_family": (i32, [i32, i64, i32, i32, i32, i32]),
@@ -215,12 +215,11 @@ def mean_visible_keys(seqlen_q: int, seqlen_k: int, mask: MaskSpec) -> float:
 MAX_FIRST_STORE_BLOCKS = 1 << 15
 
 
-def bwd_store_first(varlen: bool, num_n_blocks: int, blocks_per_query_block: float = 0.0,
-                    override: bool | None = None) -> bool:
-    """Whether the backward's first K/V block to reach a query block stores its dQ (dense calls,
-    up to a number of K/V blocks per query block); ``override`` False never, True wherever it
-    can run."""
-    return bool(rules().fa4_bwd_store_first(int(varlen), num_n_blocks, blocks_per_query_block, _tri(override)))
+def bwd_store_first(num_n_blocks: int, blocks_per_query_block: float = 0.0, override: bool | None = None) -> bool:
+    """Whether the backward's first K/V block to reach a query block stores its dQ (up to a number
+    of K/V blocks per query block; packed sequences too, whole query blocks only); ``override``
+    False never, True wherever it can run."""
+    return bool(rules().fa4_bwd_store_first(num_n_blocks, blocks_per_query_block, _tri(override)))
 
 
 def bwd_rotate(mask: str, deterministic: bool, store_first: bool, num_n_blocks: int, num_sms: int,

@@ -33,11 +33,13 @@ Roles (1 + 2 warpgroups: 384 threads):
     the last query block dK (scaled) and dV go out through shared memory by TMA stores (row by
     row where a packed sequence ends inside the block).
 
-The accumulator is not zeroed beforehand (``store_first``, dense calls): the first K/V block to
-reach a query block stores its dQ parts there (TMA store), and the others add theirs once that
-store has landed. In deterministic mode the first is the block whose turn is 0; otherwise the
-writers claim the block in its counter (``mdQsemaphore``: claims in the high 16 bits, landed
-first stores in the low ones), and a writer that is not first waits for the first one's store.
+The accumulator is not zeroed beforehand (``store_first``): the first K/V block to reach a query
+block stores its dQ parts there (TMA store), and the others add theirs once that store has landed.
+With packed sequences a sequence's last query block, when partial, is only added into (its rows
+zeroed by the preprocess): a store of the whole block would overwrite the next sequence's rows.
+In deterministic mode the first is the block whose turn is 0; otherwise the writers claim the
+block in its counter (``mdQsemaphore``: claims in the high 16 bits, landed first stores in the low
+ones), and a writer that is not first waits for the first one's store.
 Without a mask every K/V block visits every query block, and with ``rotate`` (a period, 0: none)
 CTA n starts at query block n * blocks / n_blocks and wraps around (dq_order: in chunks of
 ``rotate`` blocks): the K/V blocks of a head then work on different query blocks at any time
@@ -64,8 +66,10 @@ first, each masked by its bitmask slot, transposed: per key, bits over queries; 
 dQ is zeroed beforehand and added into (no first stores, no rotation, no deterministic turns).
 
 Masking: a query block crossing the causal diagonal or a local window's edge is masked per
-element; with packed sequences every block is (neighbouring sequences' rows and keys are real
-data). Dense rows past seqlen_q / keys past seqlen_k need no mask: TMA loads them as zeros and
+element; with packed sequences also every query block of a K/V block reaching past the
+sequence's keys (the next sequence's keys are real data). The next sequence's rows in a partial
+last query block need no mask: their statistics are the sequence's padding (LSE = +inf), so
+their probabilities are 0. Dense rows past seqlen_q / keys past seqlen_k need no mask: TMA loads them as zeros and
 the preprocess pads the statistics with LSE = +inf, so their probabilities are 0 (rows) or they
 meet zero operands (keys), and TMA stores clip them.
 """
@@ -823,9 +827,17 @@ class FlashAttentionBackwardSm90:
         the claim."""
         claim = Int32(0)
         counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block)
-        if lane == 0 and turn >= 0:  # turn -1: no counter (never with store_first)
+        if lane == 0 and turn >= 0 and self.whole_query_block(seq, m_block):  # turn -1: no counter
             claim = cute.arch.atomic_add(counter, Int32(DQ_CLAIM))
         return claim
+
+    def whole_query_block(self, seq: SeqlenInfo, m_block: Int32):
+        """Whether a first store may write query block m_block's rows whole: always in dense batches
+        (TMA stores clip at each batch's end), and in a packed sequence unless the block reaches
+        past the sequence's end into the next one's rows (those blocks are added into)."""
+        if const_expr(self.is_varlen):
+            return m_block < seq.seqlen_q // self.tile_m
+        return True
 
     @cute.jit
     def first_dq_store(self, claim: Int32, counter, lane: Int32) -> Int32:
@@ -911,10 +923,11 @@ class FlashAttentionBackwardSm90:
                         self.wait_dq_turn(counter, turn)
                     # The TMA copies below elect a lane among those active: all wait for lane 0.
                     cute.arch.sync_warp()
-                    if store_first != 0 and turn == 0:
+                    if store_first != 0 and turn == 0 and self.whole_query_block(seq, m_block):
                         first = Int32(1)
                 elif store_first != 0:
-                    first = self.first_dq_store(claim, counter, lane)
+                    if self.whole_query_block(seq, m_block):
+                        first = self.first_dq_store(claim, counter, lane)
                     cute.arch.sync_warp()
                     if const_expr(self.cluster_n > 1):
                         if turn < 0:  # a cluster's block outside this CTA's range: zeros, added
@@ -1324,6 +1337,11 @@ class FlashAttentionBackwardSm90:
             m_masked_end = block_info.m_block_min_no_right_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_max)
         if const_expr(self.is_local):
             m_left_start = block_info.m_block_max_no_left_mask(seq.seqlen_q, seq.seqlen_k, n_block, m_block_min)
+        if const_expr(self.is_varlen):
+            # A K/V block reaching past the sequence's keys holds the next sequence's: all its query
+            # blocks take the mask (with the seqlen bounds; apply_mask).
+            if (n_block + 1) * self.tile_n > seq.seqlen_k:
+                m_masked_end = m_block_max
         return m_masked_end, m_left_start
 
     @cute.jit
@@ -1415,11 +1433,9 @@ class FlashAttentionBackwardSm90:
             words, partial = bits
             if partial:
                 mask.apply_bits(acc_S, thr_mma_sdp, words, transposed=True)
-        elif const_expr(self.is_varlen):
-            self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, True)
-        elif const_expr(self.is_local):
+        elif const_expr(self.is_local or self.is_varlen):
             if m_block < m_masked_end or m_block >= m_left_start:
-                self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, False)
+                self.mask_block(acc_S, mask, thr_mma_sdp, m_block, n_block, self.is_varlen)
 
     def score_bias(self, score_tensors, head, softmax_scale, batch):
         """The score_mod's bias on a query head's S^T tiles (score_mod.ScoreBias), or None."""

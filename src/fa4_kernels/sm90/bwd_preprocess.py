@@ -12,9 +12,18 @@ start at (cu_seqlens_q[i] + i * tile_m) rounded down to a multiple of tile_m (bw
 and every sequence writes at least one block (the backward visits one even with no rows). Packed
 or dense is a run-time argument: one kernel per (dtype, head dims) serves both (the choice is a
 few scalar loads per CTA; a twin per layout cost the build ~10 s).
-It also zeroes the fp32 dQ accumulator's rows below ``zero_rows`` of each sequence: all of them
-(packed sequences), or (dense, where the main kernel's first store into a query block replaces
-zeroing) those that see no key, whose query blocks no K/V block may visit.
+It also zeroes what the main kernel will not write:
+  dense batches: the fp32 dQ accumulator's rows below ``zero_rows`` of each batch (all of them, or
+    with the main kernel's first stores into query blocks only those that see no key, whose query
+    blocks no K/V block may visit);
+  packed sequences: in each sequence, the accumulator's rows that see no key and those of its last
+    query block when that block is partial (the main kernel only adds into it: a store of the
+    whole block would overwrite the next sequence's first rows), or every row without first
+    stores; dK and dV on the keys past ``seqused_k``; and, in one more slice of the grid (z =
+    the number of sequences), every row outside all sequences (before cu_seqlens[0], from
+    cu_seqlens[-1] on) of the accumulator, dK and dV. The main kernel then needs no zeroed
+    buffers (session 40: the memsets of the accumulator, dK and dV were ~4.6% of an 8-document
+    training step).
 
 Each row is read by a group of threads in 16-byte vectors (the group's size a power of two
 dividing head_dim_v / 8) and summed with shuffles. It is a pass over O and dO at memory speed:
@@ -29,7 +38,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.bwd import stats_offset
@@ -67,22 +76,30 @@ class BackwardPreprocessSm90:
         mdLSE: cute.Tensor,  # like mLSE; read when has_dlse
         mLSE2: cute.Tensor,  # (batch, heads_q, padded rows) fp32
         mdPsum: cute.Tensor,  # (batch, heads_q, padded rows) fp32
-        mdQaccum: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim) fp32; rows below zero_rows zeroed
+        mdQaccum: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim) fp32; zeroed where unwritten (module doc)
+        mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim): packed sequences' unwritten rows zeroed
+        mdV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v): as mdK
         mCuSeqlensQ: cute.Tensor,  # packed sequences: (batch + 1,) int32
+        mCuSeqlensK: cute.Tensor,  # packed sequences: (batch + 1,) int32
+        mSeqUsedK: cute.Tensor,  # packed sequences: (batch,) keys used, read when has_seqused_k
         has_dlse: Int32,
-        zero_rows: Int32,
+        zero_rows: Int32,  # dense: the accumulator's rows below it zeroed in each batch
         num_m_blocks: Int32,  # query blocks of the longest sequence (the grid's x)
         is_varlen: Int32,  # 1: packed sequences delimited by mCuSeqlensQ (batch dim 1)
+        store_first: Int32,  # packed: 1 when the main kernel stores its first dQ into whole query blocks
+        window_right: Int32,  # packed: the mask's right side (>= 2^30: none), for the rows that see no key
+        has_seqused_k: Int32,
         stream: cuda.CUstream,
     ):
-        mO, mdO, mdQaccum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-                             for t in (mO, mdO, mdQaccum)]
+        mO, mdO, mdQaccum, mdK, mdV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                                       for t in (mO, mdO, mdQaccum, mdK, mdV)]
         mLSE, mdLSE, mLSE2, mdPsum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
                                       for t in (mLSE, mdLSE, mLSE2, mdPsum)]
         batches = cute.size(mO.shape[3])
         if is_varlen != 0:
-            batches = cute.size(mCuSeqlensQ.shape[0]) - 1
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlensQ, has_dlse, zero_rows, is_varlen).launch(
+            batches = cute.size(mCuSeqlensQ.shape[0])  # the sequences and the slice outside them
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
+                    has_dlse, zero_rows, is_varlen, store_first, window_right, has_seqused_k).launch(
             grid=(num_m_blocks, cute.size(mO.shape[2]), batches), block=[THREADS, 1, 1], stream=stream,
         )
 
@@ -96,24 +113,71 @@ class BackwardPreprocessSm90:
         mLSE2: cute.Tensor,
         mdPsum: cute.Tensor,
         mdQaccum: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
         mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
         has_dlse: Int32,
         zero_rows: Int32,
         is_varlen: Int32,
+        store_first: Int32,
+        window_right: Int32,
+        has_seqused_k: Int32,
     ):
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch_idx = cute.arch.block_idx()
         seqlen_q, offset_q = mO.shape[0], Int32(0)
         data_batch, stats_row0 = batch_idx, Int32(0)
+        block_lo = m_block * self.tile_m  # this CTA's query rows: [block_lo, block_lo + tile_m)
+        # Dense: the accumulator's rows below zero_rows. Packed: set below.
+        zero_lo, zero_hi = Int32(0), cutlass.min(zero_rows, seqlen_q)
+        zero_tail_lo = seqlen_q
+        outside = Int32(0)  # packed: 1 in the grid's last slice, the rows outside every sequence
         if is_varlen != 0:
-            packed = SeqlenInfo.create(batch_idx, mO.shape[0], mO.shape[0], True, mCuSeqlensQ, mCuSeqlensQ,
-                                       mCuSeqlensQ, Int32(0))
-            seqlen_q, offset_q = packed.seqlen_q, packed.offset_q
-            data_batch, stats_row0 = Int32(0), stats_offset(packed, batch_idx, self.tile_m, True)
-        if m_block < cutlass.max(cute.ceil_div(seqlen_q, self.tile_m), 1):
+            data_batch = Int32(0)
+            if batch_idx == cute.size(mCuSeqlensQ.shape[0]) - 1:
+                outside = Int32(1)
+            else:
+                packed = SeqlenInfo.create(batch_idx, mO.shape[0], mdK.shape[0], True, mCuSeqlensQ, mCuSeqlensK,
+                                           mSeqUsedK, has_seqused_k)
+                seqlen_q, offset_q = packed.seqlen_q, packed.offset_q
+                stats_row0 = stats_offset(packed, batch_idx, self.tile_m, True)
+                zero_lo, zero_hi, zero_tail_lo = Int32(0), seqlen_q, seqlen_q
+                if store_first != 0:
+                    # The rows that see no key (bottom-right aligned: the first seqlen_q - seqlen_k -
+                    # window_right; all of them without keys), and the last query block's rows when
+                    # it is partial (counted in this kernel's blocks, which the main kernel's divide:
+                    # a few whole blocks' rows more, which their first stores overwrite).
+                    zero_hi = Int32(0)
+                    if packed.seqlen_k == 0:
+                        zero_hi = seqlen_q
+                    elif seqlen_q - packed.seqlen_k > window_right:
+                        zero_hi = cutlass.min(seqlen_q - packed.seqlen_k - window_right, seqlen_q)
+                    zero_tail_lo = seqlen_q // self.tile_m * self.tile_m
+                # dK and dV of the keys past seqused_k: the main kernel's CTAs stop there. Spread
+                # over this sequence's CTAs of K/V head `head`, tile_m rows each, round after round.
+                if has_seqused_k != 0 and head < mdK.shape[2]:
+                    keys = SeqlenInfo.create(batch_idx, mO.shape[0], mdK.shape[0], True, mCuSeqlensQ, mCuSeqlensK,
+                                             mSeqUsedK, Int32(0))
+                    self.zero_spread(mdK, mdV, keys.offset_k + packed.seqlen_k, keys.offset_k + keys.seqlen_k,
+                                     head, tidx)
+        if outside != 0:
+            # Rows before the first sequence and after the last one: the accumulator's for query
+            # head `head`, dK and dV for K/V head `head`.
+            last_q = cutlass.min(cutlass.max(mCuSeqlensQ[cute.size(mCuSeqlensQ.shape[0]) - 1], 0), mO.shape[0])
+            first_q = cutlass.min(cutlass.max(mCuSeqlensQ[0], 0), last_q)
+            for lo, hi in ((Int32(0), first_q), (last_q, Int32(mO.shape[0]))):
+                self.zero_spread(mdQaccum, None, lo, hi, head, tidx)
+            if head < mdK.shape[2]:
+                last_k = cutlass.min(cutlass.max(mCuSeqlensK[cute.size(mCuSeqlensK.shape[0]) - 1], 0), mdK.shape[0])
+                first_k = cutlass.min(cutlass.max(mCuSeqlensK[0], 0), last_k)
+                for lo, hi in ((Int32(0), first_k), (last_k, Int32(mdK.shape[0]))):
+                    self.zero_spread(mdK, mdV, lo, hi, head, tidx)
+        elif m_block < cutlass.max(cute.ceil_div(seqlen_q, self.tile_m), 1):
             lane = tidx % self.threads_per_row
             passes = self.tile_m // self.rows_per_pass
-            first_row = m_block * self.tile_m + tidx // self.threads_per_row
+            first_row = block_lo + tidx // self.threads_per_row
             # Every row's LSE (and dLSE) first: no store stands between these loads and O's.
             lse = cute.make_rmem_tensor((passes,), Float32)
             dlse = cute.make_rmem_tensor((passes,), Float32)
@@ -144,18 +208,37 @@ class BackwardPreprocessSm90:
                     p = b * batch + j
                     self.store_row_stats(rO, rdO, j, first_row + p * self.rows_per_pass, lane, lse[p], dlse[p],
                                          head, data_batch, stats_row0, mLSE2, mdPsum)
-            if m_block * self.tile_m < zero_rows:
-                # The block's rows of dQ's fp32 accumulator, in 16-byte stores.
-                per_row = self.head_dim // 4
-                rows = cutlass.min(seqlen_q, zero_rows)
-                for i in cutlass.range_constexpr(self.tile_m * per_row // THREADS):
-                    idx = i * THREADS + tidx
-                    row = m_block * self.tile_m + idx // per_row
-                    if row < rows:
-                        zeros = cute.make_rmem_tensor((4,), Float32)
-                        zeros.fill(0.0)
-                        cute.autovec_copy(zeros, cute.local_tile(mdQaccum[offset_q + row, None, head, data_batch],
-                                                                 (4,), (idx % per_row,)))
+            # The block's rows of dQ's fp32 accumulator in [zero_lo, zero_hi) and from zero_tail_lo
+            # on (within the sequence).
+            block_hi = cutlass.min(block_lo + self.tile_m, seqlen_q)
+            for lo, hi in ((zero_lo, zero_hi), (zero_tail_lo, seqlen_q)):
+                lo, hi = cutlass.max(lo, block_lo), cutlass.min(hi, block_hi)
+                if lo < hi:
+                    self.zero_rows(mdQaccum, offset_q + lo, offset_q + hi, head, data_batch, tidx)
+
+    @cute.jit
+    def zero_spread(self, mA: cute.Tensor, mB, lo: Int32, hi: Int32, head: Int32, tidx: Int32):
+        """Rows [lo, hi) of mA (and of mB, unless None) for head ``head`` (batch 0), shared by the
+        grid's x: CTA x zeroes blocks x, x + grid_x, ... of tile_m rows."""
+        stride = Int32(cute.arch.grid_dim()[0]) * self.tile_m
+        for block in cutlass.range(lo + cute.arch.block_idx()[0] * self.tile_m, hi, stride, unroll=1):
+            block_hi = cutlass.min(block + self.tile_m, hi)
+            self.zero_rows(mA, block, block_hi, head, Int32(0), tidx)
+            if const_expr(mB is not None):
+                self.zero_rows(mB, block, block_hi, head, Int32(0), tidx)
+
+    @cute.jit
+    def zero_rows(self, mT: cute.Tensor, lo: Int32, hi: Int32, head: Int32, data_batch: Int32, tidx: Int32):
+        """Rows [lo, hi) of (seqlen, dim, head, batch) mT in 16-byte stores, the CTA's threads taking
+        consecutive ones (a loop, not unrolled: every call site would otherwise hold up to 64
+        stores, and the preprocess took 4-6x longer to compile)."""
+        per_16_bytes = 128 // mT.element_type.width
+        per_row = cute.size(mT.shape[1]) // per_16_bytes
+        zeros = cute.make_rmem_tensor((per_16_bytes,), mT.element_type)
+        zeros.fill(0.0)
+        for idx in cutlass.range(tidx, (hi - lo) * per_row, THREADS, unroll=1):
+            cute.autovec_copy(zeros, cute.local_tile(mT[lo + idx // per_row, None, head, data_batch], (per_16_bytes,),
+                                                     (idx % per_row,)))
 
     @cute.jit
     def store_row_stats(self, rO: cute.Tensor, rdO: cute.Tensor, j: cutlass.Constexpr[int], row: Int32, lane: Int32,
