@@ -238,6 +238,23 @@ def test_varlen_rows_outside_every_sequence(monkeypatch, dims, mask, store_first
     check_varlen_grads(dims, mask, cu_q, cu_k, used, total=(650, 777))
 
 
+def check_first_store_equals_zeroed(monkeypatch, attend, inputs, dout):
+    """Gradients of ``attend(q, k, v, deterministic)`` with first dQ stores (FA4_BWD_STORE_FIRST=1)
+    against zero-and-add (=0) on poisoned memory: bitwise equal in deterministic mode (turn 0
+    stores, the same order of additions after it), equal up to the order of dQ's fp32 additions
+    otherwise. Returns the zero-and-add gradients."""
+    def run(store_first, deterministic):
+        monkeypatch.setenv("FA4_BWD_STORE_FIRST", store_first)
+        poison_allocator()
+        return grads(lambda q, k, v: attend(q, k, v, deterministic), inputs, dout)
+    zeroed = run("0", True)
+    for a, b in zip(run("1", True), zeroed):
+        assert torch.equal(a, b)
+    for a, b in zip(run("1", False), zeroed):
+        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+    return zeroed
+
+
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
 def test_varlen_first_store_equals_adding_to_zeros(monkeypatch, dims, mask):
@@ -252,16 +269,9 @@ def test_varlen_first_store_equals_adding_to_zeros(monkeypatch, dims, mask):
     v = torch.randn(1400, 2, dv, device="cuda", dtype=torch.bfloat16)
     dout = torch.randn(1400, 6, dv, device="cuda", dtype=torch.bfloat16)
 
-    def run(store_first, deterministic):
-        monkeypatch.setenv("FA4_BWD_STORE_FIRST", store_first)
-        poison_allocator()
-        return grads(lambda q, k, v: fa4.attention_varlen(q, k, v, cu, cu, 599, 599, causal=causal, window=window,
-                                                          deterministic=deterministic), (q, k, v), dout)
-    zeroed = run("0", True)
-    for a, b in zip(run("1", True), zeroed):
-        assert torch.equal(a, b)
-    for a, b in zip(run("1", False), zeroed):
-        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+    check_first_store_equals_zeroed(
+        monkeypatch, lambda q, k, v, deterministic: fa4.attention_varlen(
+            q, k, v, cu, cu, 599, 599, causal=causal, window=window, deterministic=deterministic), (q, k, v), dout)
 
 
 def test_cuda_backward_never_runs_the_reference(monkeypatch):
@@ -555,16 +565,9 @@ def test_first_store_equals_adding_to_zeros(monkeypatch, dims, mask):
     q, k, v = qkv(2, 333, 200, 6, 2, d, dv, torch.bfloat16)
     dout = torch.randn(q.shape[:-1] + (dv,), device="cuda", dtype=q.dtype)
 
-    def run(store_first, deterministic):
-        monkeypatch.setenv("FA4_BWD_STORE_FIRST", store_first)
-        poison_allocator()
-        return grads(lambda q, k, v: fa4.attention(q, k, v, causal=causal, window=window,
-                                                   deterministic=deterministic), (q, k, v), dout)
-    zeroed = run("0", True)
-    for a, b in zip(run("1", True), zeroed):
-        assert torch.equal(a, b)
-    for a, b in zip(run("1", False), zeroed):
-        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+    zeroed = check_first_store_equals_zeroed(
+        monkeypatch, lambda q, k, v, deterministic: fa4.attention(q, k, v, causal=causal, window=window,
+                                                                  deterministic=deterministic), (q, k, v), dout)
     if causal:
         assert torch.all(zeroed[0][:, :133] == 0)
 
