@@ -49,6 +49,14 @@ VECTOR = 8  # 16-bit elements per 16-byte load
 LOADS_IN_FLIGHT = 64  # elements of O (and of dO) one thread loads before summing: ~100 registers
 
 
+def rows_before_first_key(seqlen_q, seqlen_k, window_right):
+    """Query rows, from row 0, that see no key under the bottom-right aligned mask's right side
+    (window_right >= 2**30: none) when seqlen_k >= 1: the rule of csrc_shims/fa4_rules.c's
+    fa4_keyless_rows, which the CPU tests hold this one to. Pure integer arithmetic (DSL integers
+    in the kernel, Python ints in the tests), in steps that cannot overflow 32 bits."""
+    return cutlass.min(seqlen_q, cutlass.max(cutlass.max(seqlen_q - seqlen_k, 0) - window_right, 0))
+
+
 class BackwardPreprocessSm90:
     def __init__(self, dtype, head_dim: int, head_dim_v: int, tile_m: int):
         assert head_dim_v % VECTOR == 0 and head_dim % 4 == 0
@@ -149,11 +157,9 @@ class BackwardPreprocessSm90:
                     # window_right; all of them without keys), and the last query block's rows when
                     # it is partial (counted in this kernel's blocks, which the main kernel's divide:
                     # a few whole blocks' rows more, which their first stores overwrite).
-                    zero_hi = Int32(0)
-                    if packed.seqlen_k == 0:
-                        zero_hi = seqlen_q
-                    elif seqlen_q - packed.seqlen_k > window_right:
-                        zero_hi = cutlass.min(seqlen_q - packed.seqlen_k - window_right, seqlen_q)
+                    zero_hi = seqlen_q
+                    if packed.seqlen_k > 0:
+                        zero_hi = rows_before_first_key(seqlen_q, packed.seqlen_k, window_right)
                     zero_tail_lo = seqlen_q // self.tile_m * self.tile_m
                 # dK and dV of the keys past seqused_k: the main kernel's CTAs stop there. Spread
                 # over this sequence's CTAs of K/V head `head`, tile_m rows each, round after round.
