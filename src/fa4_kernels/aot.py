@@ -260,6 +260,7 @@ def _compile_bwd(key: catalog.VariantKey):
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod,
         grad_address_per_tile=cfg.grad_address_per_tile, grad_window=cfg.grad_window, bias_waves=cfg.bias_waves,
         dq_stage_exchange=cfg.dq_stage_exchange, k_in_registers=cfg.k_in_registers, cluster_n=cfg.cluster_n,
+        dq_transposed=cfg.dq_transposed,
     )
     # LSE and dPsum rows are bulk-copied: 16-byte aligned rows (the runtime pads them).
     lse, dpsum = stats(divisibility=4, align=16), stats(divisibility=4, align=16)

@@ -377,8 +377,9 @@ class BwdConfig:
     (hopper/flash_bwd_launch_template.h): hd64 128 x 128 with dQ split by rows; hd96 and
     hd128 64 x 128; hd192 64 x 96 and hd256 64 x 80 with S, P and dS not transposed and dK/dV
     computed transposed (every GEMM's operands in shared memory; fa4's "keys_roles" keeps them
-    in registers instead). Registers per consumer thread, hd128: dK and dV 64 each, S^T and
-    dP^T 32 each, dQ 32 (of 240)."""
+    in registers instead); hd128 without a mask 80 x 128 with dQ transposed (``dq_transposed``,
+    which fa4 also uses for causal and window masks). Registers per consumer thread, hd128 at
+    64 queries: dK and dV 64 each, S^T and dP^T 32 each, dQ 32 (of 240); at 80: 40 each."""
     tile_m: int
     tile_n: int
     num_stages: int
@@ -421,21 +422,28 @@ class BwdConfig:
     # has a twin; hd128 and hd64 lose or tie (session 38). Picked by fa4_bwd_tile_family, with the
     # occupancy fallback to the 1-CTA twin (fa4_clusters_fit; docs/perf_notes.md, session 39).
     cluster_n: int = 1
+    # dQ^T = K^T @ dS^T ("keys" layout, dQ by column halves): the queries are the dQ GEMM's N, so
+    # tile_m need not be a multiple of 64. FlashAttention-3's hd128 blocks without a mask are 80
+    # queries by 128 keys this way: 25% more work per block than 64 x 128 for 5% fewer
+    # shared-memory bytes per FLOP (the backward's bound, docs/perf_notes.md).
+    dq_transposed: bool = False
 
     def smem_bytes(self, head_dim: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        """The kernel's SharedStorage (sm90/bwd.py), in its order: mbarriers and the statistics
+        (128-byte aligned), then the 1024-byte aligned tiles, then the P buffer and the score_mod
+        windows."""
+        stats = 2 * self.num_stages * -(-self.tile_m // 32) * 32 * 4  # stages 128-byte aligned
+        header = -(-(128 + stats) // 1024) * 1024
         q_do = self.num_stages * self.tile_m * (head_dim + head_dim_v) * elem_bytes
         kv = self.tile_n * (head_dim + head_dim_v) * elem_bytes
         # dS, one tile per stage; "keys_roles": one dS tile and one fp32 P^T tile.
         tile = self.tile_m * self.tile_n
-        if self.layout == "keys_roles":
-            scores = tile * (elem_bytes + 4)
-        else:
-            scores = self.num_stages * tile * elem_bytes
+        ds = (1 if self.layout == "keys_roles" else self.num_stages) * tile * elem_bytes
+        p = tile * 4 if self.layout == "keys_roles" else 128
         # "stage" puts dQ in the finished Q/dO stages.
         dq = self.tile_m * head_dim * 4 if self.dq_store == "tma" else 0
-        stats = 2 * self.num_stages * self.tile_m * 4
-        grad_windows = BWD_CONSUMER_WARPS * self.grad_window * 4
-        return q_do + kv + scores + dq + stats + grad_windows + SMEM_RESERVED
+        grad_windows = BWD_CONSUMER_WARPS * max(1, self.grad_window) * 4
+        return header + q_do + kv + ds + dq + p + grad_windows
 
 
 def bwd_config(key: VariantKey) -> BwdConfig:
@@ -456,6 +464,15 @@ def bwd_config(key: VariantKey) -> BwdConfig:
         # 48-column dQ halves do not fit K's 64-byte swizzle (32 columns): warpgroup 0 alone
         # computes dQ, the other one starts the next block's S^T meanwhile.
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="single")
+    elif key.head_dim <= 128 and key.mask in ("none", "local") and not (key.varlen or key.softcap):
+        # Dense batches: 80-query blocks, dQ transposed (BwdConfig.dq_transposed). Same call, H200,
+        # bf16 16k tokens, backward alone TFLOP/s, 64 -> 80, two alternations: 1k 500-501 -> 516,
+        # 4k 605-606 -> 622-632, 16k 589-594 -> 618; causal 366 -> 364-365, 556 -> 564-565,
+        # 591-592 -> 611-615; deterministic fwd+bwd 4k 593 -> 605, 16k 636 -> 655; a 1024-key
+        # window 481 -> 480. Packed sequences keep 64 (their statistics start on
+        # STATS_BLOCK_ROWS rows), as does softcap (its tanh pass beside 40-register S^T and
+        # dP^T tiles not tried).
+        cfg = BwdConfig(tile_m=80, tile_n=128, num_stages=2, dq_split="cols", dq_transposed=True)
     elif key.head_dim <= 128:
         cfg = BwdConfig(tile_m=64, tile_n=128, num_stages=2, dq_split="cols")
     elif key.head_dim <= 256:
@@ -498,13 +515,15 @@ def bwd_config(key: VariantKey) -> BwdConfig:
     spills = (cfg.dq_split == "cols" and (key.softcap or key.score_mod == "relbias"
                                           or key.score_mod in catalog.TENSOR_SCORE_MODS)) or \
         (cfg.dq_split == "rows" and (key.score_mod == "alibi" or (key.mask == "local" and key.varlen)))
-    cfg = replace(cfg, dq_stage_exchange=cfg.layout == "keys" and cfg.dq_split in ("cols", "rows") and not spills)
+    cfg = replace(cfg, dq_stage_exchange=cfg.layout == "keys" and cfg.dq_split in ("cols", "rows") and not spills
+                  and not cfg.dq_transposed)
     # K in registers where measured faster and spill-free: hd64's 128-query blocks without a mask,
     # dense (packed sequences spilled 19 words with it; softcap's 64-query blocks not measured).
     cfg = replace(cfg, k_in_registers=key.head_dim == 64 and cfg.dq_split == "rows" and key.mask == "none"
                   and not key.varlen)
     assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= SMEM_LIMIT_SM90
-    assert STATS_BLOCK_ROWS % cfg.tile_m == 0
+    # Packed sequences' statistics start on STATS_BLOCK_ROWS rows (sm90/bwd.py, stats_offset).
+    assert STATS_BLOCK_ROWS % cfg.tile_m == 0 or not key.varlen
     # Block-sparse: the same shapes; the transposed bitmask holds 32 queries per word.
     assert key.mask != "sparse" or (cfg.tile_m % 32 == 0 and not key.varlen)
     return cfg

@@ -47,8 +47,13 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     for key in backward:
         cfg = heuristics.bwd_config(key)
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90, key.name
-        assert heuristics.STATS_BLOCK_ROWS % cfg.tile_m == 0, key.name
+        # Packed sequences' statistics start on STATS_BLOCK_ROWS rows: their query blocks divide it.
+        assert heuristics.STATS_BLOCK_ROWS % cfg.tile_m == 0 or not key.varlen, key.name
         assert (cfg.tile_m == 128) == (cfg.dq_split == "rows"), key.name
+        # Query blocks that are not a multiple of the 64-row WGMMA take dQ transposed (queries as N).
+        assert cfg.tile_m % 64 == 0 or (cfg.dq_transposed and cfg.tile_m % 16 == 0), key.name
+        assert not cfg.dq_transposed or (cfg.layout == "keys" and cfg.dq_split == "cols"
+                                          and not cfg.dq_stage_exchange), key.name
         # "keys": 64 keys per consumer warpgroup; "keys_roles": 64 keys shared by both, one
         # holding dV and the other dK, where dK and dV of 64 keys would not fit one warpgroup,
         # each computing half of dQ.
@@ -90,6 +95,13 @@ def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():
     assert heuristics.bwd_config(dataclasses.replace(key, softcap=False)).tile_m == 128
     assert heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 256, 256, "none", False, kernel="bwd")).dq_store \
         == "stage"
+    # hd128: 80-query blocks with dQ transposed for dense batches without softcap, else 64.
+    dense = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, kernel="bwd")
+    for key, tile_m in [(dense, 80), (dataclasses.replace(dense, mask="local"), 80),
+                        (dataclasses.replace(dense, varlen=True), 64), (dataclasses.replace(dense, softcap=True), 64),
+                        (dataclasses.replace(dense, mask="sparse"), 64)]:
+        cfg = heuristics.bwd_config(key)
+        assert (cfg.tile_m, cfg.dq_transposed) == (tile_m, tile_m == 80), key.name
     with pytest.raises(ValueError, match="no backward kernel"):
         heuristics.bwd_config(catalog.VariantKey("sm_90a", "bf16", 320, 320, "none", False, kernel="bwd"))
 
@@ -103,13 +115,15 @@ def test_exchanged_dq_stores_only_where_measured_and_spill_free():
         return heuristics.bwd_config(key).dq_stage_exchange
 
     for dtype in catalog.DTYPES:
-        assert exchange(128, dtype=dtype) and exchange(128, "local", varlen=True, dtype=dtype)
+        assert exchange(128, varlen=True, dtype=dtype) and exchange(128, "local", varlen=True, dtype=dtype)
         assert exchange(64, dtype=dtype) and exchange(64, "local", dtype=dtype)
     assert exchange(128, catalog.SPARSE_MASK, score_mod="alibi") and exchange(64, catalog.SPARSE_MASK)
     # Spilled with it: hd128 with softcap or loaded biases, hd64 with ALiBi or a varlen window.
     assert not exchange(128, softcap=True) and not exchange(128, catalog.SPARSE_MASK, score_mod="relbias")
     assert not exchange(128, catalog.SPARSE_MASK, score_mod="bias")
     assert not exchange(64, catalog.SPARSE_MASK, score_mod="alibi") and not exchange(64, "local", varlen=True)
+    # Not with dQ transposed (hd128's dense 80-query blocks: dQ^T's pairs are two rows apart).
+    assert not exchange(128) and not exchange(128, "local")
     # Not measured: dQ by one warpgroup (hd96, hd64 with softcap) and the role layout.
     assert not exchange(96) and not exchange(64, softcap=True) and not exchange(192) and not exchange(256)
     for key in catalog.all_variants():
@@ -211,10 +225,13 @@ def test_block_sparse_tiles_map_flex_blocks_and_bitmask_words():
     for key in sparse_bwd:
         cfg = heuristics.bwd_config(key)
         assert cfg.tile_m % 32 == 0 and not key.varlen, key.name
-        dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none"))
+        # The shapes of packed sequences without a mask (hd128's dense batches take 80-query blocks;
+        # the tables' transposed bits need whole 32-bit words of queries).
+        dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none", varlen=True))
         if (key.score_mod == "relbias" or key.score_mod in catalog.TENSOR_SCORE_MODS) and key.head_dim <= 64:
             # The table's or tensor's reads and reductions take hd64's softcap shape: 64-query blocks.
-            dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none", softcap=True))
+            dense = heuristics.bwd_config(dataclasses.replace(key, mask="none", score_mod="none", softcap=True,
+                                                              varlen=True))
             assert cfg.tile_m == 64, key.name
         # The relative bias's gradient address per tile where it measured spill-free.
         assert cfg.grad_address_per_tile == (key.score_mod == "relbias" and key.head_dim == 128), key.name

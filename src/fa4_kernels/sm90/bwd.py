@@ -29,7 +29,9 @@ Roles (1 + 2 warpgroups: 384 threads):
       (dV's registers), warpgroup 2 dP^T, dS^T (P^T read back, fp32, from shared memory) and dK
       (dK's); each half of dQ's head dims.
     Both: P = exp2(S * scale_log2 - LSE_log2), dS = P * (dP - dPsum) (times the tanh
-    derivative with softcap); the dQ GEMM split between the warpgroups by ``dq_split``. After
+    derivative with softcap); the dQ GEMM split between the warpgroups by ``dq_split``, or
+    transposed (``dq_transposed``: dQ^T = K^T @ dS^T, each warpgroup half of the head dims, the
+    queries as the GEMM's N), which lets a query block be 80 rows (hd128's dense batches). After
     the last query block dK (scaled) and dV go out through shared memory by TMA stores (row by
     row where a packed sequence ends inside the block).
 
@@ -88,7 +90,8 @@ from fa4_kernels.dq_order import rotated_turn, rotation_start
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
-from fa4_kernels.ptx import SPIN_LIMIT, barrier_sync_unaligned, f32_asm, fence_proxy_async_global, nanosleep, trap
+from fa4_kernels.ptx import (SPIN_LIMIT, barrier_sync_unaligned, f32_asm, fence_proxy_async_global, loop_bound_zero,
+                             nanosleep, trap)
 from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
@@ -149,6 +152,7 @@ class FlashAttentionBackwardSm90:
         dq_stage_exchange: bool = False,
         k_in_registers: bool = False,
         cluster_n: int = 1,
+        dq_transposed: bool = False,
     ):
         # Causal calls run the window kernel (is_local): their window's left side is unbounded
         # (catalog.BWD_MASKS).
@@ -156,7 +160,7 @@ class FlashAttentionBackwardSm90:
         assert layout in LAYOUTS and dq_split in DQ_SPLITS and dq_store in DQ_STORES
         if layout == "keys":
             assert tile_n == ROWS_PER_WG * NUM_CONSUMER_WG, "each consumer warpgroup owns 64 keys"
-            assert (tile_m == 128) == (dq_split == "rows") and tile_m in (64, 128)
+            assert (tile_m == 128) == (dq_split == "rows") and (tile_m in (64, 128) or dq_transposed)
         else:
             # 64 keys, both warpgroups; dQ by halves of the head dims, one per warpgroup, which
             # balances the two roles (and their barriers: see consume_roles).
@@ -195,18 +199,31 @@ class FlashAttentionBackwardSm90:
         assert cluster_n in (1, 2)
         assert cluster_n == 1 or not (is_varlen or block_sparse)
         self.cluster_n = cluster_n
+        # dQ^T = K^T @ dS^T, each warpgroup half of the head dims (heuristics.BwdConfig): the
+        # queries are the GEMM's N, so a query block need not be a multiple of 64 rows. Its parts
+        # are (tile_m, dq_cols) tiles, stored transposed from the accumulator.
+        assert not dq_transposed or (layout == "keys" and dq_split == "cols" and dq_store == "tma"
+                                     and not dq_stage_exchange and tile_m % 16 == 0 and cluster_n == 1)
+        self.dq_transposed = dq_transposed
+        self.dq_rows = tile_m if dq_transposed else ROWS_PER_WG
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
         self.dq_split = dq_split
         self.layout = layout
         self.dq_store = dq_store
-        # The statistics' padding unit (heuristics.STATS_BLOCK_ROWS), a multiple of tile_m.
-        assert stats_block % tile_m == 0
+        # The statistics' padding unit (heuristics.STATS_BLOCK_ROWS), a multiple of tile_m where
+        # packed sequences start on it (stats_offset). Dense statistics need not be: TMA fills the
+        # rows of a query block past the padded rows with zeros, and those rows' Q and dO are zeros
+        # too (past seqlen_q), so their P * dO and dS are 0.
+        assert stats_block % tile_m == 0 or not is_varlen
+        # Floats per stage of the statistics' buffers: each stage is a TMA destination (128-byte
+        # aligned).
+        self.stats_stage = -(-tile_m // 32) * 32
         self.stats_block = stats_block
         self.num_mma_threads = THREADS_PER_WG * NUM_CONSUMER_WG
         self.num_threads = THREADS_PER_WG + self.num_mma_threads
-        # dQ parts: one per warpgroup that computes dQ, each (64 rows, dq_cols columns).
+        # dQ parts: one per warpgroup that computes dQ, each (dq_rows, dq_cols).
         self.dq_parts = 1 if dq_split == "single" else 2
         self.dq_cols = head_dim // 2 if dq_split == "cols" else head_dim
         # The query coordinate of the (keys, queries) score tile: its row statistics' index.
@@ -245,6 +262,12 @@ class FlashAttentionBackwardSm90:
                 )
                 for dim in (self.head_dim, self.head_dim_v)
             ]
+        if const_expr(self.dq_transposed):
+            # dQ^T = K^T @ dS^T: A the MN-major view of K (64 head dims per warpgroup), B = dS.
+            return sdp, dk, dv, sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(NUM_CONSUMER_WG, 1, 1), tiler_mn=(ROWS_PER_WG, self.tile_m),
+            )
         dq_atoms = {"rows": (2, 1, 1), "cols": (1, 2, 1), "single": (1, 1, 1)}[self.dq_split]
         dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
@@ -276,7 +299,7 @@ class FlashAttentionBackwardSm90:
         return cute.cosize(sdQ_layout) if self.dq_store == "tma" else 64
 
     def dq_tile_layout(self, parts_layout):
-        """The (tile_m, head_dim) view of the dQ parts buffer (64, dq_cols, parts)."""
+        """The (tile_m, head_dim) view of the dQ parts buffer (dq_rows, dq_cols, parts)."""
         if const_expr(self.dq_split == "rows"):
             return cute.group_modes(cute.select(parts_layout, mode=[0, 2, 1]), 0, 2)
         if const_expr(self.dq_split == "cols"):
@@ -344,7 +367,7 @@ class FlashAttentionBackwardSm90:
         sK_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim, atom_cols=self.dq_cols)
         sV_layout = make_smem_layout(self.dtype, self.tile_n, self.head_dim_v)
         sdS_layout = make_smem_layout(self.dtype, self.tile_m, self.tile_n, self.ds_stages)
-        sdQ_layout = make_smem_layout(Float32, ROWS_PER_WG, self.dq_cols, self.dq_parts)
+        sdQ_layout = make_smem_layout(Float32, self.dq_rows, self.dq_cols, self.dq_parts)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         q_load = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster_n > 1) else tma_load
@@ -359,11 +382,11 @@ class FlashAttentionBackwardSm90:
         tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sV_layout, (self.tile_n, self.head_dim_v))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, cute.select(sdQ_layout, mode=[0, 1]),
-            (ROWS_PER_WG, self.dq_cols))
+            (self.dq_rows, self.dq_cols))
         # The first store into a query block's rows (store_first): the same tiles, overwritten.
         tma_atom_dQ_store, _ = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, cute.select(sdQ_layout, mode=[0, 1]),
-            (ROWS_PER_WG, self.dq_cols))
+            (self.dq_rows, self.dq_cols))
         # The row statistics: one tile_m-row box per query block (the rows are padded, see
         # stats_offset, so boxes never cross a sequence's padding into another's rows).
         stats_box = cute.make_layout(self.tile_m)
@@ -382,15 +405,17 @@ class FlashAttentionBackwardSm90:
             mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_Q: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_dO: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * self.num_stages], 128]
-            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * self.num_stages], 128]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.stats_stage * self.num_stages], 128]
+            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, self.stats_stage * self.num_stages], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
+            # After the swizzled buffers: "keys"' token P buffer takes no 1024-byte alignment gap
+            # (heuristics.BwdConfig.smem_bytes).
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 128]
             sGradWindows: cute.struct.Align[cute.struct.MemRange[Float32, grad_window_elems], 16]
 
         if const_expr(self.has_softcap):
@@ -582,7 +607,7 @@ class FlashAttentionBackwardSm90:
                 # The dQ parts' home: the finished stages, see staged_dq_part.
                 sdQ_parts = (storage.sQ.data_ptr(), storage.sdO.data_ptr(), sdQ_layout)
                 sdQ = sdQ_parts
-            stats_layout = cute.make_layout((self.tile_m, self.num_stages))
+            stats_layout = cute.make_layout((self.tile_m, self.num_stages), stride=(1, self.stats_stage))
             sLSE = storage.sLSE.get_tensor(stats_layout)
             sdPsum = storage.sdPsum.get_tensor(stats_layout)
 
@@ -904,7 +929,7 @@ class FlashAttentionBackwardSm90:
                                         self.query_block(m_block_min, start, m_block_min, m_block_max), lane)
         for g in cutlass.range(group, unroll=1):
             head = head_kv * group + g
-            gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (ROWS_PER_WG, self.dq_cols),
+            gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (self.dq_rows, self.dq_cols),
                                   (None, None))
             first_visit, end, sparse = self.head_visits(sparse_tables, batch_idx, head, n_block, m_block_min,
                                                         m_block_max)
@@ -937,7 +962,7 @@ class FlashAttentionBackwardSm90:
                     if const_expr(self.dq_store == "stage"):
                         full_id = full_id + 2 * state.index
                     cute.arch.barrier(barrier_id=full_id, number_of_threads=sync)
-                    row_block = m_block * (self.tile_m // ROWS_PER_WG) + (p if const_expr(self.dq_split == "rows") else 0)
+                    row_block = m_block * (self.tile_m // self.dq_rows) + (p if const_expr(self.dq_split == "rows") else 0)
                     col_block = p if const_expr(self.dq_split == "cols") else 0
                     if const_expr(self.dq_store == "stage"):
                         src = self.staged_dq_part(sdQ_parts, p, state.index)
@@ -1066,11 +1091,15 @@ class FlashAttentionBackwardSm90:
             tiled_mma_sdp,
         ).get_slice(tidx)
         tdSsdS = smem_copy_scores.partition_D(transpose_smem_view(sdS))
-        # dQ = dS @ K: A = dS, B = the MN-major view of K.
+        # dQ = dS @ K: A = dS, B = the MN-major view of K; transposed, dQ^T = K^T @ dS^T (dq_gemm).
         dq_part = wg_idx if const_expr(self.dq_split != "single") else Int32(0)
         wg_mma_dq = tiled_mma_dq.get_slice(dq_part * THREADS_PER_WG)
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sdS))
-        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_smem_view(sK)))
+        if const_expr(self.dq_transposed):
+            tdQrdS = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sdS))
+            tdQrKt = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(transpose_smem_view(sK)))
+        else:
+            tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sdS))
+            tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_smem_view(sK)))
         # Query index of each line of the score tile, for its row statistics.
         tScS = self.stats_lines(thr_mma_sdp.partition_C(cute.make_identity_tensor(score_shape)))
 
@@ -1138,6 +1167,10 @@ class FlashAttentionBackwardSm90:
                 state.advance()
                 accumulate = Int32(1)
             self.flush_score_grad(bias, ends, score_tensors)
+        if const_expr(self.dq_transposed):
+            # The epilogue's thread coordinates derived after the loop, not held across it (two
+            # words spilled).
+            tidx = tidx + loop_bound_zero(accumulate)
         self.epilogue_dkv(acc_dK, acc_dV, mdK, mdV, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, sK, sV,
                           tiled_mma_dk, tiled_mma_dv, tidx, softmax_scale, seq, n_block, head_kv, batch_idx)
 
@@ -1319,8 +1352,7 @@ class FlashAttentionBackwardSm90:
         the last reader of the block's dO or Q stage (``pipeline_last``), which goes back to the
         producer once that GEMM completes, or with the dQ writer's copy ("stage"); then the half
         goes to the dQ writer."""
-        acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
-        wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, 0], tdQrKt, False, -1)
+        acc_dQ = self.dq_gemm(tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, 0)
         if const_expr(self.dq_store != "stage"):
             warpgroup.wait_group(1)
             pipeline_last.consumer_release(state)
@@ -1414,15 +1446,36 @@ class FlashAttentionBackwardSm90:
     def dq_and_dk_part(self, with_dq: cutlass.Constexpr[bool], acc_dK, tdKrA, tdKrB, tdQrdS, tdQrKt, wg_mma_dq,
                        tiled_mma_dq, tiled_mma_dk, dq_part, stage, accumulate, pipeline_do, state, softmax_scale,
                        sdQ, tidx):
+        if const_expr(self.dq_transposed):
+            # dV's GEMM completes first: its P operand's registers are free before dQ^T's 40
+            # accumulators are taken (with both, ptxas serialised every WGMMA of the kernel: C7512).
+            warpgroup.wait_group(0)
+            pipeline_do.consumer_release(state)
         if const_expr(with_dq):
-            acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
-            wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
+            acc_dQ = self.dq_gemm(tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, stage)
         # dK += dS^T @ Q, dS^T from registers.
         wgmma(tiled_mma_dk, acc_dK, tdKrA, tdKrB[None, None, None, stage], accumulate != 0, -1)
         warpgroup.wait_group(1)
-        pipeline_do.consumer_release(state)
+        if const_expr(not self.dq_transposed):
+            pipeline_do.consumer_release(state)
         if const_expr(with_dq):
+            if const_expr(self.dq_transposed):
+                # Its store addresses derived afresh at each block: held across the loop, they
+                # were registers the score phase spilled (ptx.loop_bound_zero).
+                tidx = tidx + loop_bound_zero(stage)
             self.store_dq(acc_dQ, tiled_mma_dq, dq_part, softmax_scale, sdQ, tidx)
+
+    @cute.jit
+    def dq_gemm(self, tiled_mma_dq, wg_mma_dq, tdQrdS, tdQrKt, stage):
+        """Issue this warpgroup's dQ part of the block in ``stage``, left running: dS @ K, or
+        (dq_transposed) K^T @ dS^T, whose accumulator holds dQ^T."""
+        if const_expr(self.dq_transposed):
+            acc_dQ = new_accumulator(wg_mma_dq, (self.head_dim, self.tile_m))
+            wgmma(tiled_mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], False, -1)
+        else:
+            acc_dQ = new_accumulator(wg_mma_dq, (self.tile_m, self.head_dim))
+            wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, False, -1)
+        return acc_dQ
 
     @cute.jit
     def apply_mask(self, acc_S, mask: AttentionMask, thr_mma_sdp, m_block, n_block, m_masked_end, m_left_start,
@@ -1553,12 +1606,19 @@ class FlashAttentionBackwardSm90:
             cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part + 2 * stage,
                                      number_of_threads=THREADS_PER_WG + cute.arch.WARP_SIZE)
         else:
+            # dQ^T's element pairs are two rows of the staged dQ: 4-byte stores (a warp's 32 land
+            # on 4 rows of 8 columns, on distinct banks under the 128-byte swizzle).
             smem_copy_dQ = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq,
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32,
+                                    num_bits_per_copy=32 if const_expr(self.dq_transposed) else 64), tiled_mma_dq,
             ).get_slice(tidx)
             sync = THREADS_PER_WG + cute.arch.WARP_SIZE
             cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_EMPTY) + part, number_of_threads=sync)
-            if const_expr(self.dq_stage_exchange):
+            if const_expr(self.dq_transposed):
+                # The (head_dim, tile_m) view of the (tile_m, head_dim) parts.
+                sdQt = cute.composition(sdQ, cute.make_layout((self.head_dim, self.tile_m), stride=(self.tile_m, 1)))
+                cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQt))
+            elif const_expr(self.dq_stage_exchange):
                 self.stage_dq_pairs(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ), tidx)
             else:
                 cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ))
