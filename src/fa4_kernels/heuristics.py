@@ -442,7 +442,7 @@ class BwdConfig:
         p = tile * 4 if self.layout == "keys_roles" else 128
         # "stage" puts dQ in the finished Q/dO stages.
         dq = self.tile_m * head_dim * 4 if self.dq_store == "tma" else 0
-        grad_windows = BWD_CONSUMER_WARPS * max(1, self.grad_window) * 4
+        grad_windows = max(1, BWD_CONSUMER_WARPS * self.grad_window) * 4
         return header + q_do + kv + ds + dq + p + grad_windows
 
 
