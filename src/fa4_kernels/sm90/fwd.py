@@ -68,6 +68,7 @@ from fa4_kernels.tile_scheduler import (
     WRITER,
     SplitTail,
     StaticPersistentScheduler,
+    DECODED_WORDS,
     HANDOFF_SLOTS,
     claim_next_tile,
     handoff_init,
@@ -166,6 +167,9 @@ class FlashAttentionForwardSm90:
         # query rows' long K/V range over the GPU (decoding, speculative verification: as few
         # tiles as SMs or fewer); their lengths differ by at most the query chunk's own keys.
         self.dynamic_schedule = ((is_causal or is_local) and not kv_cache) or is_varlen or block_sparse
+        # Packed sequences: the producer hands the consumers each next tile decoded (tile_scheduler:
+        # DECODED_WORDS), not only its index: their decode reads the sequences' offsets.
+        self.handoff_words = DECODED_WORDS if is_varlen else 1
         # Equal tiles go out statically; the last round's tiles may then be split into pieces
         # of K/V blocks over all CTAs (tile_scheduler.SplitTail, split_partials).
         self.split_tail = split_tail
@@ -421,7 +425,7 @@ class FlashAttentionForwardSm90:
             sAlibiQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_alibi[0]], 1024]
             sAlibiK: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_alibi[1]], 1024]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * HANDOFF_SLOTS]
-            next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS]
+            next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS * self.handoff_words]
 
         num_tiles = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
                                    tail_ctas, seqlen_k=self.kv_bound(mK, mPageTable, page_size)).num_tiles
@@ -594,7 +598,8 @@ class FlashAttentionForwardSm90:
         seqlens = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, seqlen_new)
         kv_cache = (mPageTable, page_size, mKCache, mVCache, mKNew, mVNew)
         sparse_tables = (mSparseCounts, mSparseBlocks, mSparseBits)
-        tile_slots = storage.next_tile.get_tensor(cute.make_layout(HANDOFF_SLOTS))
+        tile_slots = storage.next_tile.get_tensor(
+            cute.make_layout((HANDOFF_SLOTS, self.handoff_words), stride=(self.handoff_words, 1)))
         tile_mbar = storage.mbar_tile.data_ptr()
         o_free_mbar = storage.mbar_O.data_ptr()
 
@@ -762,11 +767,16 @@ class FlashAttentionForwardSm90:
                         cursor = claim_next_tile(mSemaphores.iterator)
                 else:
                     cursor = claim_next_tile(mSemaphores.iterator)
-                handoff_publish(tile_slots, tile_mbar, handoffs, cursor)
-                handoffs += 1
+                if const_expr(self.handoff_words == 1):
+                    handoff_publish(tile_slots, tile_mbar, handoffs, (cursor,))
+                    handoffs += 1
             else:
                 cursor += 1
             m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
+            if const_expr(self.dynamic_schedule and self.handoff_words > 1):
+                handoff_publish(tile_slots, tile_mbar, handoffs,
+                                (cursor, m_block, head_idx, batch_idx, cutlass.select_(valid, Int32(1), Int32(0))))
+                handoffs += 1
 
     @cute.jit
     def wait_o_stored(self, o_free_mbar: cute.Pointer, first_v, tiles_loaded: Int32):
@@ -1127,12 +1137,19 @@ class FlashAttentionForwardSm90:
             if const_expr(self.trace):
                 tracer.end(trace_slot, end_flags)
             q_state.advance()
-            if const_expr(self.dynamic_schedule):
-                cursor = handoff_receive(tile_slots, tile_mbar, handoffs)
+            if const_expr(self.dynamic_schedule and self.handoff_words > 1):
+                cursor, m_block, head_idx, batch_idx, published = handoff_receive(tile_slots, tile_mbar, handoffs,
+                                                                                  self.handoff_words)
                 handoffs += 1
+                kv_lo, kv_hi, valid = Int32(0), Int32(UNBOUNDED_BLOCKS), published != 0
             else:
-                cursor += 1
-            m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
+                if const_expr(self.dynamic_schedule):
+                    cursor = handoff_receive(tile_slots, tile_mbar, handoffs, 1)[0]
+                    handoffs += 1
+                else:
+                    cursor += 1
+                m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor,
+                                                                              sparse_tables)
 
         # Shared memory must outlive the last TMA store's reads.
         if self.is_store_warp():
