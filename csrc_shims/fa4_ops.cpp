@@ -568,7 +568,9 @@ fa4_tensor zeroed_counters(int device, void *stream, std::vector<int64_t> shape,
 }
 
 // Packed sequences: their indices by decreasing query length (on the GPU, no host sync); the
-// kernel schedules the tiles of long sequences first so short ones fill the tail.
+// kernel schedules the tiles of long sequences first so short ones fill the tail. Only for more
+// than fa4_seq_order_in_kernel sequences: fewer, the kernel ranks them itself
+// (tile_scheduler.rank_sequences), which saves the sort's small kernels before each call.
 Tensor longest_first(Tensor cu_seqlens_q) {
   int64_t n = cu_seqlens_q.size(0) - 1;
   if (n <= 1) {
@@ -778,8 +780,10 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
     pairs = b * hq / packed;
   } else {
     int64_t num_seqs = varlen->cu_q.size(0) - 1;
-    order_tensor = longest_first(varlen->cu_q);
-    order = view_of(order_tensor);
+    if (num_seqs > fa4_seq_order_in_kernel) {  // fewer: each CTA orders them itself
+      order_tensor = longest_first(varlen->cu_q);
+      order = view_of(order_tensor);
+    }
     cu_q = view_of(varlen->cu_q), cu_k = view_of(varlen->cu_k);
     used_k = varlen->used_k ? view_of(*varlen->used_k) : cu_q;
     pairs = num_seqs * hq / packed;

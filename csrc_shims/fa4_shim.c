@@ -290,9 +290,11 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                          cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
                          params->max_seqlen_q < 1 ||
                          (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0]) ||
-                         seq_order->shape[0] + 1 != cu_seqlens_q->shape[0]))
+                         (cu_seqlens_q->shape[0] - 1 > fa4_seq_order_in_kernel &&
+                          seq_order->shape[0] + 1 != cu_seqlens_q->shape[0])))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
-                "max_seqlen_q >= 1, seqused_k and seq_order one entry per sequence");
+                "max_seqlen_q >= 1, seqused_k one entry per sequence, and seq_order too beyond %d sequences",
+                fa4_seq_order_in_kernel);
   if (params->tail_ctas != 0) {
     int64_t semaphore_words, partial_words;
     fa4_split_workspace(index, (int32_t)v->shape[3], params->num_sms, &semaphore_words, &partial_words);

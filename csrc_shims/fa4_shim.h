@@ -107,7 +107,9 @@ int32_t fa4_split_workspace(int32_t variant, int32_t head_dim_v, int32_t num_sms
  * Sizes: fa4_split_workspace. Varlen variants: b = 1 and sq/sk are the packed totals; cu_seqlens_q/k
  * (n + 1,) int32 offsets, seqused_k (n,) int32 (read when params->has_seqused_k), seq_order
  * (n,) int32: a permutation of the sequences, the order in which their tiles are scheduled
- * (longest first, say). Dense variants ignore those four (any int32 vectors).
+ * (longest first, say), read only for n > fa4_seq_order_in_kernel (fewer: the kernel orders them
+ * longest first itself, and seq_order may be any int32 vector). Dense variants ignore those four
+ * (any int32 vectors).
  * Block-sparse variants (mask FA4_MASK_SPARSE) read three int32 tables, which the others ignore
  * (NULL there): sparse_counts (b, hq, m_blocks, FA4_SPARSE_COUNT_FIELDS) and sparse_blocks (b, hq,
  * m_blocks, width), m_blocks = ceil(sq / tile_m), any leading strides (0 where broadcast), last dim

@@ -100,6 +100,9 @@ extern const fa4_variant fa4_variants[];
 extern const int32_t fa4_variant_count;
 /* The backward statistics' padding unit in rows (fa4_kernels.heuristics.STATS_BLOCK_ROWS). */
 extern const int32_t fa4_stats_block_rows;
+/* Packed forwards order up to this many sequences themselves (fa4_kernels.tile_scheduler.
+   SEQ_ORDER_IN_KERNEL); the host sorts more of them. */
+extern const int32_t fa4_seq_order_in_kernel;
 /* The one mask kind of the KV-cache forwards (fa4_kernels.catalog.KV_CACHE_MASKS): every KV-cache
    call runs it, its own mask given as a window. */
 extern const int32_t fa4_kv_cache_mask;

@@ -1,6 +1,6 @@
 """Small runs of the kernel paths compute-sanitizer should see (racecheck / synccheck):
 three consumer warpgroups (hd64, hd128's long-sequence tiles) and four (hd64's short-sequence
-tiles, causal too), packed sequences' tile decode over 40 documents, warpgroups sitting out
+tiles, causal too), packed sequences' tile decode over 40 and 150 documents, warpgroups sitting out
 diagonal blocks (hd64, and hd256 with several tiles per CTA: 256 tiles below), pack-GQA (dense
 and varlen), dynamic scheduling with the mbarrier tile hand-off cycling through its slots,
 per-warpgroup epilogues, causal tiles shifted above row 0 (dense, varlen, and the whole-tile
@@ -62,15 +62,17 @@ fa4.attention(q, k, v, window=(100, 20))
 # Varlen without pack-GQA: shifted first tiles, rows above a document's start not stored.
 q, k, v = (torch.randn(sum(lens), 2, 128, device=dev, dtype=bf16) for _ in range(3))
 fa4.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
-# 40 documents (one of them empty): the tile decode's two rounds of 32 sequences per warp, and
-# the producer handing the consumers decoded tiles through every hand-off slot; hd64's three
-# consumer warpgroups too.
-lens40 = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).tolist()
-lens40[3] = 0
-cu40 = torch.tensor([0] + torch.tensor(lens40).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-for d, causal in ((128, True), (128, False), (64, True)):
-    q, k, v = (torch.randn(sum(lens40), 4, d, device=dev, dtype=bf16) for _ in range(3))
-    fa4.attention_varlen(q, k, v, cu40, cu40, max(lens40), max(lens40), causal=causal)
+# 40 documents (one of them empty): the tile decode's two rounds of 32 sequences per warp, the
+# CTA's own longest-first ranks in shared memory, and the producer handing the consumers decoded
+# tiles through every hand-off slot; hd64's three consumer warpgroups too. 150 documents: the
+# host's order (more than tile_scheduler.SEQ_ORDER_IN_KERNEL).
+for n, runs in ((40, ((128, True), (128, False), (64, True))), (150, ((128, True),))):
+    lens_n = torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(5)).tolist()
+    lens_n[3] = 0
+    cu_n = torch.tensor([0] + torch.tensor(lens_n).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    for d, causal in runs:
+        q, k, v = (torch.randn(sum(lens_n), 4, d, device=dev, dtype=bf16) for _ in range(3))
+        fa4.attention_varlen(q, k, v, cu_n, cu_n, max(lens_n), max(lens_n), causal=causal)
 # hd256: O staged in V's buffer (the producer holds the next tile's V loads until the O store
 # has read it), whole-tile epilogue, shifted; more tiles than SMs, TMA-stored and row-copied
 # (pack-GQA) tiles.

@@ -586,6 +586,8 @@ def generate_table(keys) -> str:
     out.append("};")
     out.append(f"const int32_t fa4_variant_count = {len(rows)};")
     out.append(f"const int32_t fa4_stats_block_rows = {heuristics.STATS_BLOCK_ROWS};")
+    from fa4_kernels.tile_scheduler import SEQ_ORDER_IN_KERNEL  # the DSL's module: imported when used
+    out.append(f"const int32_t fa4_seq_order_in_kernel = {SEQ_ORDER_IN_KERNEL};")
     (kv_mask,) = catalog.KV_CACHE_MASKS
     out.append(f"const int32_t fa4_kv_cache_mask = {MASK_CODES[kv_mask]};")
     bwd_causal = "causal" if "causal" in catalog.BWD_MASKS else "local"

@@ -11,9 +11,10 @@ from fa4_kernels import catalog
 from fa4_kernels.catalog import VariantKey
 
 SMEM_LIMIT_SM90 = 227 * 1024  # opt-in dynamic shared memory per block on H100/H200
-# Beyond the tiles: the mbarriers before the first (1024-byte aligned) tile buffer and the
-# tile hand-off slots after the last.
-SMEM_RESERVED = 2048
+# Beyond the tiles: the mbarriers before the first (1024-byte aligned) tile buffer, and after the
+# last the tile hand-off slots and packed sequences' lengths and order (1 KB,
+# tile_scheduler.SEQ_ORDER_IN_KERNEL).
+SMEM_RESERVED = 3072
 BWD_CONSUMER_WARPS = 8  # the backward's two consumer warpgroups (sm90/bwd.py)
 PV_WAITS = ("row_max", "first_exps", "softmax")
 # Powers of two a row max may rise by before O is rescaled: probabilities stay <= 256.

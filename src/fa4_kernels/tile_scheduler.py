@@ -45,6 +45,9 @@ from cutlass import Int32, const_expr
 # Piece roles of the split tail.
 WHOLE, WRITER, MERGER = 0, 1, 2
 UNBOUNDED_BLOCKS = 1 << 30  # the K/V block bound of a whole tile
+# Packed sequences up to this many are put in scheduling order by each CTA (``rank_sequences``,
+# into shared memory); more of them by the host (a sort of their lengths, several small kernels).
+SEQ_ORDER_IN_KERNEL = 128
 
 
 def scale_piece(lo, hi, n_blocks, n_bound):
@@ -173,6 +176,7 @@ class StaticPersistentScheduler:
     block_rows: Int32  # query rows of one sequence per tile (tile_m, or tile_m / pack_gqa)
     mCuSeqlensQ: cute.Tensor | None = None  # varlen: tiles are enumerated per sequence ...
     mSeqOrder: cute.Tensor | None = None  # ... taking the sequences in this order (a permutation)
+    sSeqOrder: cute.Tensor | None = None  # ... or this one, up to SEQ_ORDER_IN_KERNEL sequences
     split: SplitTail | None = None  # static mode: the last round's split
     # In the kernel (``with_fast_division``): the divisors of ``coordinates``, each a
     # multiply-high and shift per tile instead of a ~20-instruction division.
@@ -233,8 +237,9 @@ class StaticPersistentScheduler:
     @cute.jit
     def varlen_coordinates(self, tile: Int32):
         """Packed sequences: tile = g * heads + head, g running over the m_blocks of sequence
-        order[0], then order[1], ... (only blocks that hold queries; the host passes the longest
-        sequences first). Within a sequence the last m_block comes first when ``longest_first``.
+        order[0], then order[1], ... (only blocks that hold queries; longest sequences first:
+        ``rank_sequences``' order in shared memory, or the host's for more sequences). Within a
+        sequence the last m_block comes first when ``longest_first``.
 
         Called by whole warps: the lanes look at 32 sequences at once (lane l at sequences l,
         l + 32, ...), the warp sums their block counts by shuffles, and a ballot names the lane
@@ -255,7 +260,13 @@ class StaticPersistentScheduler:
             b = Int32(0)
             nb = Int32(0)
             if i < self.num_batches:
-                b = cutlass.min(cutlass.max(self.mSeqOrder[i], 0), self.num_batches - 1)  # never out of range
+                if const_expr(self.sSeqOrder is not None):
+                    if self.num_batches <= SEQ_ORDER_IN_KERNEL:
+                        b = self.sSeqOrder[i]
+                    else:
+                        b = cutlass.min(cutlass.max(self.mSeqOrder[i], 0), self.num_batches - 1)
+                else:
+                    b = cutlass.min(cutlass.max(self.mSeqOrder[i], 0), self.num_batches - 1)  # never out of range
                 nb = cute.ceil_div(self.mCuSeqlensQ[b + 1] - self.mCuSeqlensQ[b], self.block_rows)
             upto = nb  # blocks of this round's sequences up to lane's, inclusive
             for k in cutlass.range_constexpr(5):
@@ -301,6 +312,34 @@ class StaticPersistentScheduler:
             m_block = self.num_m_blocks - 1 - m_idx
         batch = hb // by_heads
         return m_block, hb - batch * self.num_heads, batch
+
+
+@cute.jit
+def rank_sequences(mCuSeqlensQ: cute.Tensor, sLengths: cute.Tensor, sOrder: cute.Tensor, tidx: Int32,
+                   num_threads: cutlass.Constexpr[int]):
+    """Packed sequences' scheduling order, longest first (ties by index: the host's stable sort
+    of the lengths gives the same permutation), into sOrder, when there are at most
+    SEQ_ORDER_IN_KERNEL of them. Every thread of the CTA calls it; thread i ranks sequence i
+    against all the others' lengths, staged in sLengths. The caller's next CTA-wide barrier
+    publishes sOrder. Run by each CTA at its start, instead of the host's sort of the lengths:
+    seven small GPU operations (a diff, a sort and its copies, a cast) before every packed
+    forward, whose launches and gaps the forward waited behind (H200, bf16 hd128, 16 heads, 8 x
+    2048 tokens causal: 235 us per call against the kernel's 217 and a dense batch's 213; 527 ->
+    614 TFLOP/s with the ranks here, 32 random documents 222 -> 375)."""
+    assert num_threads >= SEQ_ORDER_IN_KERNEL
+    num_seqs = cute.size(mCuSeqlensQ.shape[0]) - 1
+    in_kernel = num_seqs <= SEQ_ORDER_IN_KERNEL
+    if in_kernel and tidx < num_seqs:
+        sLengths[tidx] = mCuSeqlensQ[tidx + 1] - mCuSeqlensQ[tidx]
+    cute.arch.sync_threads()
+    if in_kernel and tidx < num_seqs:
+        mine = sLengths[tidx]
+        rank = Int32(0)
+        for j in cutlass.range(num_seqs, unroll=4):
+            other = sLengths[j]
+            if other > mine or (other == mine and j < tidx):
+                rank += 1
+        sOrder[rank] = tidx
 
 
 @cute.jit

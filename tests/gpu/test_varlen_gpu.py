@@ -66,8 +66,9 @@ def test_documents_pack_gqa(pack_gqa, kw, heads):
     check_varlen(lengths, lengths, heads[0], heads[1], 128, 128, pack_gqa=pack_gqa, **kw)
 
 
-# 32 and 33 documents: the kernel's tile decode looks at 32 sequences per round (a warp's lanes).
-@pytest.mark.parametrize("n_docs", [1, 2, 7, 20, 32, 33])
+# 32 and 33 documents: the kernel's tile decode looks at 32 sequences per round (a warp's lanes);
+# up to 128 the kernel orders them itself, 129 the host (tile_scheduler.SEQ_ORDER_IN_KERNEL).
+@pytest.mark.parametrize("n_docs", [1, 2, 7, 20, 32, 33, 128, 129])
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window": (100, 20)}, {"softcap": 15.0, "causal": True}])
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)])
 def test_documents(n_docs, kw, heads):

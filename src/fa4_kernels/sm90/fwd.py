@@ -70,10 +70,12 @@ from fa4_kernels.tile_scheduler import (
     StaticPersistentScheduler,
     DECODED_WORDS,
     HANDOFF_SLOTS,
+    SEQ_ORDER_IN_KERNEL,
     claim_next_tile,
     handoff_init,
     handoff_publish,
     handoff_receive,
+    rank_sequences,
     scale_piece,
 )
 
@@ -225,14 +227,14 @@ class FlashAttentionForwardSm90:
     # ------------------------------------------------------------------ host side
     def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
                   mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32,
-                  tail_ctas: Int32, grid=None, zero=None, seqlen_k=None) -> StaticPersistentScheduler:
+                  tail_ctas: Int32, grid=None, zero=None, seqlen_k=None, sSeqOrder=None) -> StaticPersistentScheduler:
         """mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
         pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
         head index is the K/V head. ``grid``: the launched grid (in the kernel), for the split.
         ``zero``: an opaque zero (ptx.loop_bound_zero) added to every input, so that what derives
         from them is computed where this is called rather than once and held in registers.
         ``seqlen_k``: the keys every tile's range is cut from (default mK's rows; a KV cache's
-        capacity)."""
+        capacity). ``sSeqOrder``: packed sequences' order in shared memory (in the kernel)."""
         size = lambda v: cute.size(v)  # noqa: E731
         cta = Int32(cute.arch.block_idx()[0])
         if const_expr(zero is not None):
@@ -245,7 +247,7 @@ class FlashAttentionForwardSm90:
             return StaticPersistentScheduler(
                 cute.ceil_div(max_seqlen_q, rows), num_heads,
                 cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1), self.is_causal or self.is_local,
-                rows, mCuSeqlensQ, mSeqOrder,
+                rows, mCuSeqlensQ, mSeqOrder, sSeqOrder,
             )
         sched = StaticPersistentScheduler(
             cute.ceil_div(size(mQ.shape[0]), rows), num_heads,
@@ -426,6 +428,9 @@ class FlashAttentionForwardSm90:
             sAlibiK: cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_alibi[1]], 1024]
             mbar_tile: cute.struct.MemRange[cutlass.Int64, 2 * HANDOFF_SLOTS]
             next_tile: cute.struct.MemRange[Int32, HANDOFF_SLOTS * self.handoff_words]
+            # Packed sequences: their lengths and scheduling order (tile_scheduler.rank_sequences).
+            seq_lengths: cute.struct.MemRange[Int32, SEQ_ORDER_IN_KERNEL if self.is_varlen else 0]
+            seq_order: cute.struct.MemRange[Int32, SEQ_ORDER_IN_KERNEL if self.is_varlen else 0]
 
         num_tiles = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
                                    tail_ctas, seqlen_k=self.kv_bound(mK, mPageTable, page_size)).num_tiles
@@ -545,6 +550,10 @@ class FlashAttentionForwardSm90:
         if const_expr(self.o_in_v):
             if cute.arch.thread_idx()[0] == 0:
                 cute.arch.mbarrier_init(storage.mbar_O.data_ptr(), 1)  # the storing warp's lane 0
+        if const_expr(self.is_varlen):
+            rank_sequences(mCuSeqlensQ, storage.seq_lengths.get_tensor(cute.make_layout(SEQ_ORDER_IN_KERNEL)),
+                           storage.seq_order.get_tensor(cute.make_layout(SEQ_ORDER_IN_KERNEL)),
+                           cute.arch.thread_idx()[0], self.num_threads)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if const_expr(self.pdl):
@@ -591,7 +600,9 @@ class FlashAttentionForwardSm90:
         make_scheduler = lambda zero=None: self.scheduler(  # noqa: E731
             mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa, tail_ctas,
             Int32(cute.arch.grid_dim()[0]), zero=zero,
-            seqlen_k=self.kv_bound(mK, mPageTable, page_size) if const_expr(self.kv_cache) else None)
+            seqlen_k=self.kv_bound(mK, mPageTable, page_size) if const_expr(self.kv_cache) else None,
+            sSeqOrder=storage.seq_order.get_tensor(cute.make_layout(SEQ_ORDER_IN_KERNEL))
+            if const_expr(self.is_varlen) else None)
         scheduler = make_scheduler()
         partials = SplitPartials(mSemaphores, mPartials, self.num_mma_threads, self.num_consumer_wg,
                                  partial_words_per_thread(self.head_dim_v), self.merge_helpers, self.merge_pairs)
