@@ -33,13 +33,18 @@ class BackwardPostprocessSm90:
     ):
         vectors = cute.size(mAccum.shape[0]) // VECTOR
         self.kernel(mAccum, mOut, vectors).launch(
-            grid=(cute.ceil_div(vectors, THREADS), 1, 1), block=[THREADS, 1, 1], stream=stream,
+            grid=(cute.ceil_div(vectors, THREADS), 1, 1), block=[THREADS, 1, 1], stream=stream, use_pdl=True,
         )
 
     @cute.kernel
     def kernel(self, mAccum: cute.Tensor, mOut: cute.Tensor, vectors: cutlass.Int32):
+        # Launched with programmatic dependent launch after the main kernel (see its start): nothing is
+        # read before that kernel's end.
+        cute.arch.griddepcontrol_wait()
         tidx = cute.arch.thread_idx()[0]
-        block = cute.arch.block_idx()[0]
+        # The last rows first: the main kernel added into them last (packed sequences launch in
+        # order, the last one's K/V blocks at the end), so some are still in L2.
+        block = cute.arch.grid_dim()[0] - 1 - cute.arch.block_idx()[0]
         vector = block * THREADS + tidx
         if vector < vectors:
             acc = cute.make_rmem_tensor((VECTOR,), Float32)

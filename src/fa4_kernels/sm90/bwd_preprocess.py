@@ -109,6 +109,7 @@ class BackwardPreprocessSm90:
         self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
                     has_dlse, zero_rows, is_varlen, store_first, window_right, has_seqused_k).launch(
             grid=(num_m_blocks, cute.size(mO.shape[2]), batches), block=[THREADS, 1, 1], stream=stream,
+            use_pdl=True,
         )
 
     @cute.kernel
@@ -133,6 +134,10 @@ class BackwardPreprocessSm90:
         window_right: Int32,
         has_seqused_k: Int32,
     ):
+        # Launched with programmatic dependent launch (see the main kernel's start): nothing is read
+        # before the previous kernel's end; the main kernel's CTAs may launch as ours exit.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch_idx = cute.arch.block_idx()
         seqlen_q, offset_q = mO.shape[0], Int32(0)
