@@ -1167,7 +1167,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   phases.mark("tma_ready");
   // The preprocess works on (and pads the statistics in) blocks of its tile_m rows.
   const int64_t stats_block = pre_v.tile_m, tile_n = main_v.tile_n;
-  int64_t num_m_blocks, num_n_blocks, zero_rows;
+  int64_t num_m_blocks, num_n_blocks, zero_rows;  // num_m_blocks: the preprocess's grid x
   int32_t store_first;
   Tensor dk, dv_out;
   std::vector<int64_t> q_shape = shape_of(q), k_shape = shape_of(k), v_shape = shape_of(v);
@@ -1193,7 +1193,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     dv_out = empty(v_shape, io, device);
   } else {
     const int64_t max_q = std::min(varlen->max_seqlen_q, sq), max_k = std::min(varlen->max_seqlen_k, sk);
-    num_m_blocks = std::max<int64_t>(1, (max_q + stats_block - 1) / stats_block);
+    num_m_blocks = rows / stats_block;  // the preprocess's flat grid over every statistics block
     num_n_blocks = std::max<int64_t>(1, (max_k + tile_n - 1) / tile_n);
     // K/V blocks per query block of the longest sequences (the host sees no other lengths).
     double blocks = fa4_mean_visible_keys(max_q, max_k, mask) / (double)tile_n;

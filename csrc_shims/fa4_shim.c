@@ -488,17 +488,19 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
       dpsum->shape[0] != b || dpsum->shape[1] != hq || dpsum->shape[2] < rows)
     return fail(FA4_ERR_BAD_TENSOR, "shapes disagree: out/dout (b, sq, hq, dv), lse/dlse (b, hq, sq), dq_accum "
                 "(b, sq, hq, d), lse_log2/dpsum (b, hq, >= %lld)", (long long)rows);
-  if (params->num_m_blocks < 1 || params->num_m_blocks > (sq + variant->tile_m - 1) / variant->tile_m + 1)
-    return fail(FA4_ERR_BAD_TENSOR, "num_m_blocks %d out of [1, ceil(seqlen_q / %d) + 1]", params->num_m_blocks,
-                variant->tile_m);
+  /* Dense: at most each batch's query blocks; packed: at most the statistics blocks (a flat grid). */
+  int64_t max_blocks = varlen ? rows / variant->tile_m : (sq + variant->tile_m - 1) / variant->tile_m + 1;
+  if (params->num_m_blocks < 1 || params->num_m_blocks > max_blocks)
+    return fail(FA4_ERR_BAD_TENSOR, "num_m_blocks %d out of [1, %lld] (the %s)", params->num_m_blocks,
+                (long long)max_blocks, varlen ? "statistics blocks" : "query blocks per batch, plus one");
   if (varlen && (b != 1 || cu_seqlens_q->shape[0] < 2 || cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||
                  (params->has_seqused_k && seqused_k->shape[0] != num_seqs) || dk->shape[0] != 1 ||
                  dk->shape[3] != dq_accum->shape[3] || !same_shape4(dv, 1, dk->shape[1], dk->shape[2], out->shape[3]) ||
                  dk->shape[2] < 1 || hq % dk->shape[2] != 0))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, seqused_k one "
                 "entry per sequence, dk (1, sk, hk, d) and dv (1, sk, hk, dv) with hq a multiple of hk");
-  /* Packed sequences: one more slice of the grid for the rows outside every sequence. */
-  if (num_seqs + varlen > 65535 || hq > 65535)
+  /* Dense: batches in the grid's z; packed: one slice (the main kernel's grid has the sequences in z). */
+  if (num_seqs > 65535 || hq > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or heads for one launch (grid y/z <= 65535)");
   if ((status = ready_on_current_device(index))) return status;
   int32_t ret = variant->bwd_pre(out, dout, lse, dlse, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,

@@ -71,7 +71,8 @@ typedef struct {
 typedef struct {
   int32_t has_dlse;      /* 1: dlse holds the gradient flowing into the returned LSE */
   int32_t zero_rows;     /* dense: zero dq_accum's rows below this one in each batch */
-  int32_t num_m_blocks;  /* query blocks of tile_m rows of the longest sequence: the grid's x */
+  int32_t num_m_blocks;  /* the grid's x: dense, query blocks of tile_m rows per batch; packed, the statistics'
+                            blocks (lse_log2's padded rows / tile_m: every block of every sequence) */
   int32_t varlen;        /* 1: packed sequences delimited by cu_seqlens_q/k (batch dim 1); 0: dense */
   int32_t store_first;   /* varlen: the fa4_bwd call's store_first (which dq_accum rows need zeros) */
   int32_t window_right;  /* varlen: the mask's right side (FA4_UNBOUNDED: none), for the rows that see no key */
@@ -163,7 +164,8 @@ int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
 /* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims):
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);
  * writes lse_log2 and dpsum as fa4_bwd reads them, every statistics block of every sequence's
- * first max(ceil(seqlen / tile_m), 1) blocks (so num_m_blocks must cover the longest sequence),
+ * first max(ceil(seqlen / tile_m), 1) blocks (so num_m_blocks must cover them: dense, a batch's query
+ * blocks; packed, every statistics block),
  * and zeroes what the fa4_bwd call with the same store_first leaves unwritten: dense batches,
  * dq_accum (b, sq, hq, d) fp32 on each batch's rows below params->zero_rows; packed sequences,
  * dq_accum's rows of each sequence (every one without store_first; with it, those that see no

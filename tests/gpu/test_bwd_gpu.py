@@ -222,6 +222,21 @@ def test_varlen(dims, mask, seqused):
     check_varlen_grads(dims, mask, cu_q, cu_k, used if seqused else None)
 
 
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (192, 192)], ids=lambda d: f"d{d[0]}")
+@pytest.mark.parametrize("n_docs", [127, 128, 129, 300])
+def test_varlen_many_sequences(dims, n_docs):
+    """More sequences than the preprocess's CTAs look at in one round of loads (128: its flat
+    grid finds each CTA's sequence round after round), empty ones and multi-block ones among
+    them, the buffers reaching past the last sequence."""
+    gen = torch.Generator().manual_seed(n_docs)
+    lens = torch.randint(0, 40, (n_docs,), generator=gen)
+    lens[:: 7] = 0
+    lens[3], lens[-2] = 300, 129  # several statistics blocks, one of them partial
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+    total = int(cu[-1]) + 50
+    check_varlen_grads(dims, MASKS[1], cu, cu, total=(total, total))
+
+
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
 @pytest.mark.parametrize("store_first", ["0", "1"], ids=["zeroed", "first_stores"])
