@@ -28,7 +28,7 @@ It also zeroes what the main kernel will not write:
 Each row is read by a group of threads in 16-byte vectors (the group's size a power of two
 dividing head_dim_v / 8) and summed with shuffles. It is a pass over O and dO at memory speed,
 which takes many warps with their loads in flight: a CTA takes ROWS_PER_CTA rows of a statistics
-block (1-4 passes of its 128 threads, every load issued at once: ~66 registers at hd128, ~12
+block (1-4 passes of its 128 threads, every load issued at once: 52 registers at hd128, 9
 CTAs per SM), the row sums meet in shared memory, and 32 threads store the rows' statistics in
 one coalesced store each. The rows' LSE and dLSE are loaded first, one per thread: no store
 stands between those loads and O's. Measured on an H200 (Nsight Compute, fa4.bench's 8 documents
