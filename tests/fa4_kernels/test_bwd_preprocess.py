@@ -1,8 +1,8 @@
 """The backward preprocess's host-checkable rules: its rows that see no key (the per-sequence
 zeroing of packed sequences' dQ accumulator) against the native rule the dense path uses,
 fa4_keyless_rows; the flat grid over packed sequences' statistics blocks against the layout
-the main kernel reads (bwd.stats_offset) and the rows the host allocates (fa4_stats_rows); the
-shared-memory staging plan of every head dim."""
+the main kernel reads (bwd.stats_offset) and the rows the host allocates (fa4_stats_rows); how
+every head dim's rows split over a CTA's threads."""
 import random
 from types import SimpleNamespace
 
