@@ -260,11 +260,11 @@ class StaticPersistentScheduler:
             b = Int32(0)
             nb = Int32(0)
             if i < self.num_batches:
+                ranked_here = False  # the CTA's own order (rank_sequences), else the host's
                 if const_expr(self.sSeqOrder is not None):
-                    if self.num_batches <= SEQ_ORDER_IN_KERNEL:
-                        b = self.sSeqOrder[i]
-                    else:
-                        b = cutlass.min(cutlass.max(self.mSeqOrder[i], 0), self.num_batches - 1)
+                    ranked_here = self.num_batches <= SEQ_ORDER_IN_KERNEL
+                if ranked_here:
+                    b = self.sSeqOrder[i]
                 else:
                     b = cutlass.min(cutlass.max(self.mSeqOrder[i], 0), self.num_batches - 1)  # never out of range
                 nb = cute.ceil_div(self.mCuSeqlensQ[b + 1] - self.mCuSeqlensQ[b], self.block_rows)
@@ -324,8 +324,8 @@ def rank_sequences(mCuSeqlensQ: cute.Tensor, sLengths: cute.Tensor, sOrder: cute
     publishes sOrder. Run by each CTA at its start, instead of the host's sort of the lengths:
     seven small GPU operations (a diff, a sort and its copies, a cast) before every packed
     forward, whose launches and gaps the forward waited behind (H200, bf16 hd128, 16 heads, 8 x
-    2048 tokens causal: 235 us per call against the kernel's 217 and a dense batch's 213; 527 ->
-    614 TFLOP/s with the ranks here, 32 random documents 222 -> 375)."""
+    2048 tokens causal: 235 us per call against the kernel's 217 and a dense batch's 213; 524-530
+    -> 614-615 TFLOP/s with the ranks here, 32 random documents 222 -> 375)."""
     assert num_threads >= SEQ_ORDER_IN_KERNEL
     num_seqs = cute.size(mCuSeqlensQ.shape[0]) - 1
     in_kernel = num_seqs <= SEQ_ORDER_IN_KERNEL
