@@ -1174,12 +1174,15 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   int32_t f32 = aoti_torch_dtype_float32(), io = dtype_code(q.scalar_type());
   int64_t sequences = varlen ? varlen->cu_q.size(0) - 1 : b;
   // One fp32 workspace: dQ's accumulator (q's shape), then LSE * log2(e) and dPsum, (b, hq, rows)
-  // each. The accumulator's size is a multiple of head_dim (>= 32 floats): the statistics start
-  // 128-byte aligned. One allocation instead of two: each costs ~2.5 us of host time.
+  // each, then the main kernel's int32 count of K/V blocks done per sequence (the preprocess
+  // zeroes it; the dQ conversion waits on it). The accumulator's size is a multiple of head_dim
+  // (>= 32 floats): the statistics start 128-byte aligned, and the counts 16-byte aligned. One
+  // allocation instead of several: each costs ~2.5 us of host time.
   const int64_t acc_words = numel(q_shape);
   const int64_t rows = fa4_stats_rows(sq, (int32_t)stats_block, varlen ? sequences : -1);
-  Tensor workspace = empty({acc_words + 2 * b * hq * rows}, f32, device);
+  Tensor workspace = empty({acc_words + 2 * b * hq * rows + sequences}, f32, device);
   float *acc_data = static_cast<float *>(workspace.mutable_data_ptr());
+  fa4_tensor n_seq_done = dense_view(acc_data + acc_words + 2 * b * hq * rows, {sequences});
   if (!varlen) {
     num_m_blocks = (sq + stats_block - 1) / stats_block;
     num_n_blocks = (sk + tile_n - 1) / tile_n;
@@ -1253,19 +1256,23 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   {
     DeviceGuard guard(device);
     check_status(fa4_bwd_preprocess(pre_c.family[0], &n_out, &n_dout, &n_lse, &n_dlse, &n_lse2, &n_dpsum, &n_acc,
-                                    &n_dk, &n_dv, &cu_q, &cu_k, &used_k, &pre_params, stream),
+                                    &n_dk, &n_dv, &cu_q, &cu_k, &used_k, &n_seq_done, &pre_params, stream),
                  "backward preprocess");
     phases.mark("launch preprocess");
     check_status(fa4_bwd(main_index, &n_q, &n_k, &n_v, &n_dout, &n_lse2, &n_dpsum, &n_acc, &n_dk, &n_dv, &cu_q,
-                         &cu_k, &used_k, &n_sem, sparse ? &n_counts : nullptr, sparse ? &n_blocks : nullptr,
-                         sparse ? &n_bits : nullptr, score_kind ? &n_score : nullptr,
+                         &cu_k, &used_k, &n_sem, &n_seq_done, sparse ? &n_counts : nullptr,
+                         sparse ? &n_blocks : nullptr, sparse ? &n_bits : nullptr, score_kind ? &n_score : nullptr,
                          score_kind ? &n_score_grad : nullptr, &params, stream),
                  "backward kernel");
     phases.mark("launch main");
     // dQ in the input dtype: the postprocess kernel (a torch copy cost ~10-12 us of host time).
     Tensor dq = empty(q_shape, io, device);
     fa4_tensor flat_acc = dense_view(acc_data, {acc_words}), flat_dq = dense_view(dq.mutable_data_ptr(), {acc_words});
-    check_status(fa4_bwd_postprocess(post_c.family[0], &flat_acc, &flat_dq, stream), "backward postprocess");
+    // Each sequence's rows once its K/V blocks (num_n_blocks per K/V head) are all counted done.
+    fa4_bwd_post_params post_params{0, (int32_t)(hq * d), (int32_t)sq, (int32_t)(num_n_blocks * k.size(lead ? 1 : 2)),
+                                    varlen ? 1 : 0};
+    check_status(fa4_bwd_postprocess(post_c.family[0], &flat_acc, &flat_dq, &n_seq_done, &cu_q, &post_params, stream),
+                 "backward postprocess");
     phases.mark("convert dq");
     return {dq, dk, dv_out};
   }

@@ -335,9 +335,9 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
-                const fa4_tensor *sparse_bits, const fa4_tensor *score_params, const fa4_tensor *score_grad,
-                const fa4_bwd_params *params, void *stream) {
+                const fa4_tensor *dq_semaphore, const fa4_tensor *seq_done, const fa4_tensor *sparse_counts,
+                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                const fa4_tensor *score_grad, const fa4_bwd_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -352,7 +352,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
       (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)) ||
       (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4, 0)) ||
       (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)) ||
-      (status = check_tensor("dq_semaphore", dq_semaphore, 3, 4, 0)))
+      (status = check_tensor("dq_semaphore", dq_semaphore, 3, 4, 0)) ||
+      (status = check_tensor("seq_done", seq_done, 1, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3];
@@ -377,6 +378,10 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                  (params->has_seqused_k && seqused_k->shape[0] + 1 != cu_seqlens_q->shape[0])))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, "
                 "seqused_k one entry per sequence");
+  if (seq_done->shape[0] < num_seqs)
+    return fail(FA4_ERR_BAD_TENSOR, "seq_done must hold one int32 count per sequence (%lld)", (long long)num_seqs);
+  if ((int64_t)params->num_n_blocks * hk > INT32_MAX)
+    return fail(FA4_ERR_BAD_TENSOR, "num_n_blocks * hk must fit 31 bits (seq_done counts them per sequence)");
   if (params->deterministic && (dq_semaphore->shape[0] < num_seqs || dq_semaphore->shape[1] < hq))
     return fail(FA4_ERR_BAD_TENSOR, "dq_semaphore must be (sequences, hq, m_blocks) int32 in deterministic mode");
   /* store_first counts claims in a counter's high 16 bits: fewer K/V blocks than 2^15. Packed
@@ -429,7 +434,7 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                                              params->deterministic, clustered ? 0 : params->launch_group,
                                              dq_semaphore->data, dq_semaphore->shape[0], -1};
   int32_t ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                             seqused_k, dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, score_params,
+                             seqused_k, dq_semaphore, seq_done, sparse_counts, sparse_blocks, sparse_bits, score_params,
                              score_grad, params, (cudaStream_t)stream);
   if (clustered) last_launch[FA4_KERNEL_BWD].active_clusters = fa4_last_active_clusters();
   if (ret == (int32_t)FA4_CLUSTERS_DO_NOT_FIT) {
@@ -444,8 +449,8 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     last_launch[FA4_KERNEL_BWD].rotate = params->rotate;
     last_launch[FA4_KERNEL_BWD].launch_group = params->launch_group;
     ret = variant->bwd(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                       dq_semaphore, sparse_counts, sparse_blocks, sparse_bits, score_params, score_grad, params,
-                       (cudaStream_t)stream);
+                       dq_semaphore, seq_done, sparse_counts, sparse_blocks, sparse_bits, score_params, score_grad,
+                       params, (cudaStream_t)stream);
   }
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
@@ -456,7 +461,8 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
                            const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                            const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                            const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                           const fa4_tensor *seqused_k, const fa4_bwd_pre_params *params, void *stream) {
+                           const fa4_tensor *seqused_k, const fa4_tensor *seq_done, const fa4_bwd_pre_params *params,
+                           void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -469,7 +475,8 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
       (status = check_tensor("dq_accum", dq_accum, 4, 4, 1)) || (status = check_tensor("dk", dk, 4, 2, 1)) ||
       (status = check_tensor("dv", dv, 4, 2, 1)) || (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)) ||
       (status = check_tensor("cu_seqlens_k", cu_seqlens_k, 1, 4, 0)) ||
-      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)))
+      (status = check_tensor("seqused_k", seqused_k, 1, 4, 0)) ||
+      (status = check_tensor("seq_done", seq_done, 1, 4, 0)))
     return status;
   if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
   if (params->varlen != 0 && params->varlen != 1)
@@ -499,21 +506,25 @@ int32_t fa4_bwd_preprocess(int32_t index, const fa4_tensor *out, const fa4_tenso
                  dk->shape[2] < 1 || hq % dk->shape[2] != 0))
     return fail(FA4_ERR_BAD_TENSOR, "varlen: batch dim must be 1, cu_seqlens_q/k of equal length >= 2, seqused_k one "
                 "entry per sequence, dk (1, sk, hk, d) and dv (1, sk, hk, dv) with hq a multiple of hk");
+  if (seq_done->shape[0] < num_seqs)
+    return fail(FA4_ERR_BAD_TENSOR, "seq_done must hold one int32 count per sequence (%lld)", (long long)num_seqs);
   /* Dense: batches in the grid's z; packed: one slice (the main kernel's grid has the sequences in z). */
   if (num_seqs > 65535 || hq > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or heads for one launch (grid y/z <= 65535)");
   if ((status = ready_on_current_device(index))) return status;
   int32_t ret = variant->bwd_pre(out, dout, lse, dlse, lse_log2, dpsum, dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                                 seqused_k, params, (cudaStream_t)stream);
+                                 seqused_k, seq_done, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   return FA4_OK;
 }
 
-/* Elements per postprocess launch: its kernel indexes 8-element vectors with 32-bit integers. */
+/* Elements per postprocess launch at most: its kernel indexes 8-element vectors with 32-bit integers. */
 #define FA4_POST_CHUNK ((int64_t)1 << 30)
 
-int32_t fa4_bwd_postprocess(int32_t index, const fa4_tensor *dq_accum, const fa4_tensor *dq, void *stream) {
+int32_t fa4_bwd_postprocess(int32_t index, const fa4_tensor *dq_accum, const fa4_tensor *dq,
+                            const fa4_tensor *seq_done, const fa4_tensor *cu_seqlens_q,
+                            const fa4_bwd_post_params *params, void *stream) {
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
@@ -522,20 +533,39 @@ int32_t fa4_bwd_postprocess(int32_t index, const fa4_tensor *dq_accum, const fa4
   if (!dq_accum || !dq || !dq_accum->data || !dq->data || dq_accum->rank != 1 || dq->rank != 1 ||
       dq_accum->stride[0] != 1 || dq->stride[0] != 1 || (uintptr_t)dq_accum->data % 16 || (uintptr_t)dq->data % 16)
     return fail(FA4_ERR_BAD_TENSOR, "dq_accum and dq: rank 1, contiguous, 16-byte aligned");
-  int64_t n = dq->shape[0];
-  if (dq_accum->shape[0] != n || n <= 0 || n % 8)
-    return fail(FA4_ERR_BAD_TENSOR, "dq_accum and dq: the same positive length, a multiple of 8 (got %lld and %lld)",
-                (long long)dq_accum->shape[0], (long long)n);
   int32_t status;
+  if ((status = check_tensor("seq_done", seq_done, 1, 4, 0)) ||
+      (status = check_tensor("cu_seqlens_q", cu_seqlens_q, 1, 4, 0)))
+    return status;
+  if (!params) return fail(FA4_ERR_BAD_TENSOR, "params is null");
+  int64_t n = dq->shape[0], row_words = params->row_words;
+  if (row_words < 8 || row_words % 8 || params->batch_rows < 1 || params->expected < 1 ||
+      (params->varlen != 0 && params->varlen != 1))
+    return fail(FA4_ERR_BAD_TENSOR, "params: row_words a positive multiple of 8, batch_rows and expected >= 1, "
+                "varlen 0 or 1");
+  if (dq_accum->shape[0] != n || n <= 0 || n % row_words)
+    return fail(FA4_ERR_BAD_TENSOR, "dq_accum and dq: the same positive length, a multiple of row_words %lld (got "
+                "%lld and %lld)", (long long)row_words, (long long)dq_accum->shape[0], (long long)n);
+  int64_t rows = n / row_words;
+  int64_t num_seqs = params->varlen ? cu_seqlens_q->shape[0] - 1 : (rows + params->batch_rows - 1) / params->batch_rows;
+  if (rows > INT32_MAX || num_seqs < 1 || seq_done->shape[0] < num_seqs ||
+      (!params->varlen && rows % params->batch_rows) || (params->varlen && params->batch_rows != rows))
+    return fail(FA4_ERR_BAD_TENSOR, "rows (%lld): fewer than 2^31, dense a multiple of batch_rows, packed equal to "
+                "it; seq_done one count per sequence (%lld)", (long long)rows, (long long)num_seqs);
   if ((status = ready_on_current_device(index))) return status;
   const int64_t elem = 2; /* bf16 and fp16 */
-  for (int64_t start = 0; start < n; start += FA4_POST_CHUNK) {
-    int64_t len = n - start < FA4_POST_CHUNK ? n - start : FA4_POST_CHUNK;
+  /* Whole rows per launch: the kernel finds each element's row from first_row. */
+  const int64_t chunk = FA4_POST_CHUNK / row_words * row_words;
+  if (chunk < 1) return fail(FA4_ERR_BAD_TENSOR, "row_words %lld: over 2^30", (long long)row_words);
+  for (int64_t start = 0; start < n; start += chunk) {
+    int64_t len = n - start < chunk ? n - start : chunk;
     fa4_tensor src = *dq_accum, dst = *dq;
     src.data = (char *)dq_accum->data + start * 4;
     dst.data = (char *)dq->data + start * elem;
     src.shape[0] = dst.shape[0] = len;
-    int32_t ret = variant->bwd_post(&src, &dst, (cudaStream_t)stream);
+    fa4_bwd_post_params launch = *params;
+    launch.first_row = (int32_t)(start / row_words);
+    int32_t ret = variant->bwd_post(&src, &dst, seq_done, cu_seqlens_q, &launch, (cudaStream_t)stream);
     if (ret != 0)
       return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
   }

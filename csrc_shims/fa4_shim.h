@@ -79,6 +79,15 @@ typedef struct {
   int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
 } fa4_bwd_pre_params;
 
+typedef struct {
+  int32_t first_row;  /* the query row dq_accum's first element belongs to (fa4_bwd_postprocess sets it per
+                         launch: callers leave it 0) */
+  int32_t row_words;  /* elements per query row: hq * d */
+  int32_t batch_rows; /* dense: rows per batch (sq); packed: the rows in all */
+  int32_t expected;   /* seq_done's count for a finished sequence: the fa4_bwd call's num_n_blocks * hk */
+  int32_t varlen;     /* 1: sequences delimited by cu_seqlens_q */
+} fa4_bwd_post_params;
+
 enum fa4_status {
   FA4_OK = 0,
   FA4_ERR_BAD_VARIANT = 1,  /* no such variant index */
@@ -157,9 +166,9 @@ int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
                 const fa4_tensor *dout, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                 const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                 const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k, const fa4_tensor *seqused_k,
-                const fa4_tensor *dq_semaphore, const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
-                const fa4_tensor *sparse_bits, const fa4_tensor *score_params, const fa4_tensor *score_grad,
-                const fa4_bwd_params *params, void *stream);
+                const fa4_tensor *dq_semaphore, const fa4_tensor *seq_done, const fa4_tensor *sparse_counts,
+                const fa4_tensor *sparse_blocks, const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
+                const fa4_tensor *score_grad, const fa4_bwd_params *params, void *stream);
 
 /* The backward's preprocess, for the fa4_bwd variant of the same (dtype, head dims):
  * out, dout (b, sq, hq, dv); lse, dlse (b, hq, sq) fp32 (dlse read when params->has_dlse);
@@ -170,18 +179,26 @@ int32_t fa4_bwd(int32_t variant, const fa4_tensor *q, const fa4_tensor *k, const
  * dq_accum (b, sq, hq, d) fp32 on each batch's rows below params->zero_rows; packed sequences,
  * dq_accum's rows of each sequence (every one without store_first; with it, those that see no
  * key and a partial last query block's), dk (b, sk, hk, d) and dv (b, sk, hk, dv) on the keys
- * past seqused_k, and all three outside every sequence (src/fa4_kernels/sm90/bwd_preprocess.py).
- * cu_seqlens_k and seqused_k are read with packed sequences only. */
+ * past seqused_k, and all three outside every sequence (src/fa4_kernels/sm90/bwd_preprocess.py);
+ * and seq_done (sequences,) int32, the fa4_bwd call's per-sequence counts. cu_seqlens_k and
+ * seqused_k are read with packed sequences only. */
 int32_t fa4_bwd_preprocess(int32_t variant, const fa4_tensor *out, const fa4_tensor *dout, const fa4_tensor *lse,
                            const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                            const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                            const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                           const fa4_tensor *seqused_k, const fa4_bwd_pre_params *params, void *stream);
+                           const fa4_tensor *seqused_k, const fa4_tensor *seq_done, const fa4_bwd_pre_params *params,
+                           void *stream);
 
 /* The backward's postprocess: dq = dq_accum converted to the variant's dtype (its bwd_post variant),
- * both rank 1, contiguous, 16-byte aligned, of the same length, a multiple of 8 elements (dQ's
- * head_dim is). Any length: ranges of 2^30 elements are launched one after another. */
-int32_t fa4_bwd_postprocess(int32_t variant, const fa4_tensor *dq_accum, const fa4_tensor *dq, void *stream);
+ * both rank 1, contiguous, 16-byte aligned, of the same length, a multiple of params->row_words
+ * (hq * d, a multiple of 8). Launched right behind fa4_bwd (programmatic dependent launch), it
+ * converts each sequence's rows once seq_done (sequences,) int32 (fa4_bwd's counts, zeroed by
+ * fa4_bwd_preprocess) reaches params->expected for it (dense: batch = row / batch_rows; packed:
+ * the sequences of cu_seqlens_q (sequences + 1,)). Any length: ranges of at most 2^30 elements,
+ * each starting on a row, are launched one after another. */
+int32_t fa4_bwd_postprocess(int32_t variant, const fa4_tensor *dq_accum, const fa4_tensor *dq,
+                            const fa4_tensor *seq_done, const fa4_tensor *cu_seqlens_q,
+                            const fa4_bwd_post_params *params, void *stream);
 
 /* What the last forward or backward launch on this thread ran (for tests and diagnostics):
  * its variant index and the decisions the caller made for it. */

@@ -31,7 +31,8 @@ typedef int32_t fa4_bwd_launch(const fa4_tensor *q, const fa4_tensor *k, const f
                                const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                                const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
                                const fa4_tensor *seqused_k, const fa4_tensor *dq_semaphore,
-                               const fa4_tensor *sparse_counts, const fa4_tensor *sparse_blocks,
+                               const fa4_tensor *seq_done, const fa4_tensor *sparse_counts,
+                               const fa4_tensor *sparse_blocks,
                                const fa4_tensor *sparse_bits, const fa4_tensor *score_params,
                                const fa4_tensor *score_grad, const fa4_bwd_params *params, cudaStream_t stream);
 
@@ -39,10 +40,12 @@ typedef int32_t fa4_bwd_pre_launch(const fa4_tensor *out, const fa4_tensor *dout
                                    const fa4_tensor *dlse, const fa4_tensor *lse_log2, const fa4_tensor *dpsum,
                                    const fa4_tensor *dq_accum, const fa4_tensor *dk, const fa4_tensor *dv,
                                    const fa4_tensor *cu_seqlens_q, const fa4_tensor *cu_seqlens_k,
-                                   const fa4_tensor *seqused_k, const fa4_bwd_pre_params *params,
-                                   cudaStream_t stream);
+                                   const fa4_tensor *seqused_k, const fa4_tensor *seq_done,
+                                   const fa4_bwd_pre_params *params, cudaStream_t stream);
 
-typedef int32_t fa4_bwd_post_launch(const fa4_tensor *dq_accum, const fa4_tensor *dq, cudaStream_t stream);
+typedef int32_t fa4_bwd_post_launch(const fa4_tensor *dq_accum, const fa4_tensor *dq, const fa4_tensor *seq_done,
+                                    const fa4_tensor *cu_seqlens_q, const fa4_bwd_post_params *params,
+                                    cudaStream_t stream);
 
 typedef fa4_init_launch *fa4_init_fn;
 typedef fa4_load_launch *fa4_load_fn;

@@ -90,7 +90,8 @@ def dsl_version() -> str:
 KERNEL_ONLY_SOURCES = {"sm90/fwd.py": ("fwd",), "kv_cache.py": ("fwd",), "trace.py": ("fwd",),
                        "split_partials.py": ("fwd",),
                        "sm90/bwd.py": ("bwd", "bwd_pre"), "dq_order.py": ("bwd", "bwd_pre"),
-                       "sm90/bwd_preprocess.py": ("bwd_pre",), "sm90/bwd_postprocess.py": ("bwd_post",)}
+                       "sm90/bwd_preprocess.py": ("bwd_pre",), "sm90/bwd_postprocess.py": ("bwd_post",),
+                       "packed_sequences.py": ("bwd_pre", "bwd_post")}
 
 
 def source_digest(kernel: str) -> str:
@@ -268,7 +269,7 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, *_sparse_tables(), _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None),
+        dq_semaphore, vector(), *_sparse_tables(), _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None),
         _score_params(key.score_mod),
         Float32(1.0), Float32(0.0), Int32(0),
         Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
@@ -423,25 +424,26 @@ def _compile_bwd_pre(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim_v), bshd(key.head_dim_v), stats(), stats(),
         stats(divisibility=4, align=16), stats(divisibility=4, align=16), bshd(key.head_dim, Float32),
-        bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
+        bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(), vector(),
         Int32(0), Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
 
 
 def _compile_bwd_post(key: catalog.VariantKey):
     import cutlass.cute as cute
-    from cutlass import Float32
+    from cutlass import Float32, Int32
     from cutlass.cute.runtime import make_fake_tensor
     from cutlass.runtime import make_fake_stream
 
     from fa4_kernels.sm90.bwd_postprocess import VECTOR, BackwardPostprocessSm90
 
-    dtype, _, _, _ = _fake_inputs(key)
+    dtype, _, vector, _ = _fake_inputs(key)
 
     def flat(element):  # (n,) contiguous, n a multiple of VECTOR, 16-byte aligned
         return make_fake_tensor(element, (cute.sym_int(divisibility=VECTOR),), stride=(1,), assumed_align=16)
 
-    return cute.compile(BackwardPostprocessSm90(dtype), flat(Float32), flat(dtype), make_fake_stream())
+    return cute.compile(BackwardPostprocessSm90(dtype), flat(Float32), flat(dtype), vector(), vector(), Int32(0),
+                        Int32(8), Int32(1), Int32(1), Int32(0), make_fake_stream())
 
 
 # The kernels' tensor parameters -> the C wrapper's fa4_tensor arguments, per kernel kind.
@@ -454,12 +456,12 @@ TENSOR_ARGS = {
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
             "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore",
-            "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits",
+            "mSeqDone": "seq_done", "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits",
             "mScoreParams": "score_params", "mScoreGrad": "score_grad"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
                 "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
-                "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k"},
-    "bwd_post": {"mAccum": "dq_accum", "mOut": "dq"},
+                "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mSeqDone": "seq_done"},
+    "bwd_post": {"mAccum": "dq_accum", "mOut": "dq", "mSeqDone": "seq_done", "mCuSeqlensQ": "cu_seqlens_q"},
 }
 
 
@@ -500,7 +502,7 @@ WRAPPER_SCALARS = {
     "bwd": ("softmax_scale", "softcap", "window_left", "window_right", "num_n_blocks", "has_seqused_k",
             "deterministic", "rotate", "store_first", "launch_group"),
     "bwd_pre": ("has_dlse", "zero_rows", "num_m_blocks", "varlen", "store_first", "window_right", "has_seqused_k"),
-    "bwd_post": (),
+    "bwd_post": ("first_row", "row_words", "batch_rows", "expected", "varlen"),
 }
 
 

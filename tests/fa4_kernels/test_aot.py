@@ -120,7 +120,7 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     assert "params->num_n_blocks," in c
     assert ("params->has_seqused_k, params->deterministic, params->rotate, params->store_first, "
             "params->launch_group, stream") in c
-    assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore" in c
+    assert "t_dq_accum.dynamic_strides[1]" in c and "&t_dq_semaphore, &t_seq_done, &t_sparse_counts" in c
     assert "&t_sparse_bits, &t_score_params, &t_score_grad," in c
     # The preprocess: statistics blocks of 128 rows, no K/V blocks; dense or packed is its
     # run-time argument.
@@ -132,10 +132,13 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     assert (f'{{"{post.name}", FA4_KERNEL_BWD_POST, 9, 0, FA4_DTYPE_FP16, 0, 0, FA4_MASK_NONE, 0, '
             'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0, 0,') in c
     assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
-    assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c and "&t_dq_accum, &t_dq, stream" in c
+    # It waits per sequence for the main kernel's counts (seq_done), so it takes them and the rows.
+    assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c
+    assert ("&t_dq_accum, &t_dq, &t_seq_done, &t_cu_seqlens_q, params->first_row, params->row_words, "
+            "params->batch_rows, params->expected, params->varlen, stream") in c
     assert ("params->has_dlse, params->zero_rows, params->num_m_blocks, params->varlen, params->store_first, "
             "params->window_right, params->has_seqused_k, stream") in c
-    assert "&t_dq_accum, &t_dk, &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k," in c
+    assert "&t_dq_accum, &t_dk, &t_dv, &t_cu_seqlens_q, &t_cu_seqlens_k, &t_seqused_k, &t_seq_done," in c
 
 
 def test_unexpected_header_is_rejected(tmp_path: Path):

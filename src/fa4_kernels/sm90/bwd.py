@@ -62,6 +62,12 @@ local mask, whose blocks then launch from the last one down (a block's first que
 has no earlier turn: ascending, each CTA would sit idle until its lower neighbours reached
 its first query block). dK and dV are always deterministic.
 
+Every CTA ends by counting itself in its sequence's (dense: batch's) ``mSeqDone`` (count_done:
+after its dQ additions have landed, with a release), whether it had keys or not; the dQ
+conversion (sm90/bwd_postprocess.py) waits per sequence for num_n_blocks * heads_kv counts
+instead of for the whole grid, so it converts the sequences that finished on the SMs the grid's
+ragged end leaves idle.
+
 Block-sparse (a FlexAttention BlockMask, ``block_sparse``): per query head, a K/V block visits
 the query blocks its row of the host's tables lists (block_info.SparseBlocks: partial ones
 first, each masked by its bitmask slot, transposed: per key, bits over queries; then full ones),
@@ -334,6 +340,9 @@ class FlashAttentionBackwardSm90:
         mSeqUsedK: cute.Tensor,  # varlen: (batch,) keys used per sequence when has_seqused_k
         # (batch, heads_q, query blocks) int32, zero at launch: deterministic turns, store_first's claims
         mdQsemaphore: cute.Tensor,
+        # (batch,) int32, zero at launch (the preprocess zeroes it): K/V blocks done per sequence
+        # (count_done), which the dQ conversion waits for (sm90/bwd_postprocess.py)
+        mSeqDone: cute.Tensor,
         mSparseCounts: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, 4) int32 (block_info.SparseBlocks)
         mSparseBlocks: cute.Tensor,  # block-sparse: (batch, heads_q, n_blocks, width) int32 query blocks
         mSparseBits: cute.Tensor,  # block-sparse: flat int32 transposed bitmask slots (AttentionMask.load_bits)
@@ -432,8 +441,8 @@ class FlashAttentionBackwardSm90:
             batches = cute.size(mCuSeqlensQ.shape[0]) - 1
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, mdQaccum, mdK, mdV, tma_dK, tma_dV,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, deterministic, rotate, store_first,
-            launch_group, mSparseCounts, mSparseBlocks, mSparseBits, mScoreParams, mScoreGrad,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k, mdQsemaphore, mSeqDone, num_n_blocks, deterministic,
+            rotate, store_first, launch_group, mSparseCounts, mSparseBlocks, mSparseBits, mScoreParams, mScoreGrad,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
             tma_atom_dQ_store, tma_atom_dK, tma_atom_dV,
             scale_log2, score_scale, softcap, softmax_scale, window_left, window_right,
@@ -470,6 +479,8 @@ class FlashAttentionBackwardSm90:
         mSeqUsedK: cute.Tensor,
         has_seqused_k: Int32,
         mdQsemaphore: cute.Tensor,
+        mSeqDone: cute.Tensor,
+        num_n_blocks: Int32,
         deterministic: Int32,
         rotate: Int32,
         store_first: Int32,
@@ -516,6 +527,10 @@ class FlashAttentionBackwardSm90:
         cute.arch.griddepcontrol_launch_dependents()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head_kv, batch_idx = cute.arch.block_idx()
+        # Whether this CTA counts in its sequence's mSeqDone (count_done): one count per K/V block
+        # and K/V head, so the conversion expects num_n_blocks * heads_kv per sequence (a cluster's
+        # padding CTAs past num_n_blocks do not count).
+        counted = n_block < num_n_blocks
         if const_expr(self.cluster_n > 1):
             # The cluster's CTAs walk one query order (the host never asks for these with
             # clusters: fa4_shim.c refuses deterministic turns; rotate and launch groups it sets
@@ -655,6 +670,7 @@ class FlashAttentionBackwardSm90:
                             write_dq(True)
                         else:
                             write_dq(False)
+                    self.count_done(mSeqDone, batch_idx, counted, True)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
@@ -668,10 +684,34 @@ class FlashAttentionBackwardSm90:
                     batch_idx, group, m_block_min, m_block_max, start, sparse_tables,
                     (mScoreParams, mScoreGrad, grad_window),
                 )
+        else:
+            # No keys in this block: counted all the same.
+            if warp_idx == DQ_WRITER_WARP:
+                self.count_done(mSeqDone, batch_idx, counted, False)
         if const_expr(self.cluster_n > 1):
             # No CTA leaves while its peer may still release a stage to it.
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def count_done(self, mSeqDone: cute.Tensor, batch_idx: Int32, counted, wrote_dq: cutlass.Constexpr[bool]):
+        """The dQ writer warp, last thing in the CTA: once its dQ additions have landed (not just
+        read shared memory), count the K/V block done in its sequence's mSeqDone (release), on
+        which the dQ conversion of the sequence's rows waits. The conversion then runs on the SMs
+        that finished sequences leave idle while the grid's last CTAs run (packed documents: their
+        long K/V blocks; dense batches: the last batch's)."""
+        if const_expr(wrote_dq):
+            # Every lane waits for its own bulk groups (the elected one issued the copies).
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.sync_warp()
+        if cute.arch.lane_idx() == 0 and counted:
+            if const_expr(wrote_dq):
+                fence_proxy_async_global()
+                cute.arch.fence_acq_rel_gpu()
+            # A CTA without keys wrote nothing: no fence (packed sequences launch many such CTAs,
+            # the box of the longest sequence's blocks; with a fence each, 32 random documents in
+            # 16k tokens ran 8% longer).
+            cute.arch.red(mSeqDone.iterator + batch_idx, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
 
     @cute.jit
     def stats_offset(self, seq: SeqlenInfo, batch_idx: Int32):

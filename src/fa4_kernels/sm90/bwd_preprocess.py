@@ -16,6 +16,7 @@ It also zeroes what the main kernel will not write:
   dense batches: the fp32 dQ accumulator's rows below ``zero_rows`` of each batch (all of them, or
     with the main kernel's first stores into query blocks only those that see no key, whose query
     blocks no K/V block may visit);
+  every call: the main kernel's per-sequence done counts (``mSeqDone``);
   packed sequences: in each sequence, the accumulator's rows that see no key and those of its last
     query block when that block is partial (the main kernel only adds into it: a store of the
     whole block would overwrite the next sequence's first rows), or every row without first
@@ -50,6 +51,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from fa4_kernels.packed_sequences import last_sequence_at_or_before
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.bwd import stats_offset
 from fa4_kernels.sm90.common import LOG2_E
@@ -57,7 +59,6 @@ from fa4_kernels.sm90.common import LOG2_E
 THREADS = 128
 VECTOR = 8  # 16-bit elements per 16-byte load
 ROWS_PER_CTA = 32  # a statistics block's rows are shared by tile_m / ROWS_PER_CTA CTAs
-SEQS_PER_ROUND = 4 * 32  # packed sequences a warp looks at per round of loads (find_block)
 
 
 def rows_before_first_key(seqlen_q, seqlen_k, window_right):
@@ -110,6 +111,7 @@ class BackwardPreprocessSm90:
         mCuSeqlensQ: cute.Tensor,  # packed sequences: (batch + 1,) int32
         mCuSeqlensK: cute.Tensor,  # packed sequences: (batch + 1,) int32
         mSeqUsedK: cute.Tensor,  # packed sequences: (batch,) keys used, read when has_seqused_k
+        mSeqDone: cute.Tensor,  # (sequences,) int32: the main kernel's done counts, zeroed here
         has_dlse: Int32,
         zero_rows: Int32,  # dense: the accumulator's rows below it zeroed in each batch
         num_m_blocks: Int32,  # dense, query blocks per batch; packed, statistics blocks
@@ -132,7 +134,8 @@ class BackwardPreprocessSm90:
             row_sums: cute.struct.Align[cute.struct.MemRange[Float32, ROWS_PER_CTA], 16]
 
         self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK,
-                    has_dlse, zero_rows, is_varlen, store_first, window_right, has_seqused_k, SharedStorage).launch(
+                    mSeqDone, has_dlse, zero_rows, is_varlen, store_first, window_right, has_seqused_k,
+                    SharedStorage).launch(
             grid=(num_m_blocks * self.ctas_per_block, cute.size(mO.shape[2]), batches), block=[THREADS, 1, 1],
             stream=stream, smem=SharedStorage.size_in_bytes(), use_pdl=True,
         )
@@ -152,6 +155,7 @@ class BackwardPreprocessSm90:
         mCuSeqlensQ: cute.Tensor,
         mCuSeqlensK: cute.Tensor,
         mSeqUsedK: cute.Tensor,
+        mSeqDone: cute.Tensor,
         has_dlse: Int32,
         zero_rows: Int32,
         is_varlen: Int32,
@@ -166,6 +170,11 @@ class BackwardPreprocessSm90:
         cute.arch.griddepcontrol_launch_dependents()
         tidx = cute.arch.thread_idx()[0]
         cta, head, batch_idx = cute.arch.block_idx()
+        if cta == 0 and head == 0 and batch_idx == 0:
+            # The main kernel counts its K/V blocks done per sequence from zero (bwd.count_done);
+            # it starts after this grid ends (its griddepcontrol.wait).
+            for i in cutlass.range(tidx, cute.size(mSeqDone.shape[0]), THREADS, unroll=1):
+                mSeqDone[i] = Int32(0)
         smem = cutlass.utils.SmemAllocator()
         row_sums = smem.allocate(SharedStorage).row_sums.get_tensor(cute.make_layout(ROWS_PER_CTA))
         m_block = cta // self.ctas_per_block  # the statistics block (packed: flat, over all sequences)
@@ -231,28 +240,9 @@ class BackwardPreprocessSm90:
     @cute.jit
     def find_block(self, mCuSeqlensQ: cute.Tensor, flat_block: Int32, total_q: Int32):
         """The packed sequence whose statistics blocks start at or before ``flat_block`` last (-1:
-        none). Each warp on its own (no barrier): lane l looks at sequences l, l + 32, ... of a
-        round, whose loads go out together; the sequences starting at or before flat_block are a
-        prefix (first_stats_block grows with the index), counted by ballots. Offsets clamped into
-        the tensor as SeqlenInfo clamps them."""
-        num_seqs = cute.size(mCuSeqlensQ.shape[0]) - 1
-        lane = cute.arch.lane_idx()
-        count = Int32(0)
-        searching = Int32(1)
-        for first in cutlass.range(0, num_seqs, SEQS_PER_ROUND, unroll=1):
-            if searching != 0:
-                found = Int32(0)
-                for j in cutlass.range_constexpr(SEQS_PER_ROUND // cute.arch.WARP_SIZE):
-                    i = first + j * cute.arch.WARP_SIZE + lane
-                    at_or_before = False
-                    if i < num_seqs:
-                        offset = cutlass.min(cutlass.max(mCuSeqlensQ[i], 0), total_q)
-                        at_or_before = first_stats_block(offset, i, self.tile_m) <= flat_block
-                    found += cute.arch.popc(cute.arch.vote_ballot_sync(at_or_before))
-                count += found
-                if found < SEQS_PER_ROUND:
-                    searching = Int32(0)
-        return count - 1
+        none): first_stats_block grows with the sequence's index."""
+        return last_sequence_at_or_before(mCuSeqlensQ, flat_block, total_q,
+                                          lambda start, i: first_stats_block(start, i, self.tile_m))
 
     @cute.jit
     def row_stats(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
