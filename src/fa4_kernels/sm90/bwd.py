@@ -89,15 +89,15 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks
 from fa4_kernels.dq_order import rotated_turn, rotation_start
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
-from fa4_kernels.ptx import (SPIN_LIMIT, barrier_sync_unaligned, f32_asm, fence_proxy_async_global, loop_bound_zero,
-                             nanosleep, trap)
+from fa4_kernels.ptx import (SPIN_LIMIT, barrier_sync_unaligned, f32_asm, fence_proxy_async_global, inline_asm,
+                             loop_bound_zero, nanosleep, trap)
 from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
@@ -116,6 +116,13 @@ DQ_STORES = ("tma", "stage")
 # A writer's claim on a query block's dQ (store_first): added to its counter, whose low half
 # counts the first stores that have landed (one per block).
 DQ_CLAIM = 1 << 16
+
+
+@dsl_user_op
+def ctaid_z_here(*, loc=None, ip=None) -> Int32:
+    """The CTA's grid z, read where this is written (a volatile read the compiler neither merges
+    with an earlier one nor moves)."""
+    return Int32(inline_asm(T.i32(), "mov.u32 $0, %ctaid.z;", "=r", (), volatile=True, loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -527,10 +534,6 @@ class FlashAttentionBackwardSm90:
         cute.arch.griddepcontrol_launch_dependents()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head_kv, batch_idx = cute.arch.block_idx()
-        # Whether this CTA counts in its sequence's mSeqDone (count_done): one count per K/V block
-        # and K/V head, so the conversion expects num_n_blocks * heads_kv per sequence (a cluster's
-        # padding CTAs past num_n_blocks do not count).
-        counted = n_block < num_n_blocks
         if const_expr(self.cluster_n > 1):
             # The cluster's CTAs walk one query order (the host never asks for these with
             # clusters: fa4_shim.c refuses deterministic turns; rotate and launch groups it sets
@@ -670,7 +673,7 @@ class FlashAttentionBackwardSm90:
                             write_dq(True)
                         else:
                             write_dq(False)
-                    self.count_done(mSeqDone, batch_idx, counted, True)
+                    self.count_done(mSeqDone, batch_idx, num_n_blocks, True)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
@@ -687,23 +690,33 @@ class FlashAttentionBackwardSm90:
         else:
             # No keys in this block: counted all the same.
             if warp_idx == DQ_WRITER_WARP:
-                self.count_done(mSeqDone, batch_idx, counted, False)
+                self.count_done(mSeqDone, batch_idx, num_n_blocks, False)
         if const_expr(self.cluster_n > 1):
             # No CTA leaves while its peer may still release a stage to it.
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
 
     @cute.jit
-    def count_done(self, mSeqDone: cute.Tensor, batch_idx: Int32, counted, wrote_dq: cutlass.Constexpr[bool]):
+    def count_done(self, mSeqDone: cute.Tensor, batch_idx: Int32, num_n_blocks: Int32,
+                   wrote_dq: cutlass.Constexpr[bool]):
         """The dQ writer warp, last thing in the CTA: once its dQ additions have landed (not just
         read shared memory), count the K/V block done in its sequence's mSeqDone (release), on
         which the dQ conversion of the sequence's rows waits. The conversion then runs on the SMs
         that finished sequences leave idle while the grid's last CTAs run (packed documents: their
-        long K/V blocks; dense batches: the last batch's)."""
+        long K/V blocks; dense batches: the last batch's). One count per K/V block and K/V head (the
+        grid's x before any reordering), so the conversion expects num_n_blocks * heads_kv per
+        sequence; a cluster's padding CTAs past num_n_blocks do not count."""
         if const_expr(wrote_dq):
             # Every lane waits for its own bulk groups (the elected one issued the copies).
             cute.arch.cp_async_bulk_wait_group(0, read=False)
             cute.arch.sync_warp()
+        # The sequence: the grid's z, read again here where no launch group reorders it (keeping
+        # batch_idx, or a read the compiler merges with the kernel's first one, live to here cost
+        # the writer's loop a register: its counter spilled, packed sequences without a mask).
+        seq = batch_idx
+        if const_expr(not (self.is_local and not self.is_varlen)):
+            seq = ctaid_z_here()
+        counted = cute.arch.block_idx()[0] < num_n_blocks
         if cute.arch.lane_idx() == 0 and counted:
             if const_expr(wrote_dq):
                 fence_proxy_async_global()
@@ -711,7 +724,7 @@ class FlashAttentionBackwardSm90:
             # A CTA without keys wrote nothing: no fence (packed sequences launch many such CTAs,
             # the box of the longest sequence's blocks; with a fence each, 32 random documents in
             # 16k tokens ran 8% longer).
-            cute.arch.red(mSeqDone.iterator + batch_idx, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+            cute.arch.red(mSeqDone.iterator + seq, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
 
     @cute.jit
     def stats_offset(self, seq: SeqlenInfo, batch_idx: Int32):
