@@ -269,8 +269,8 @@ def _compile_bwd(key: catalog.VariantKey):
     return cute.compile(
         kernel, bshd(key.head_dim), bshd(key.head_dim), bshd(key.head_dim_v), bshd(key.head_dim_v), lse, dpsum,
         bshd(key.head_dim, Float32), bshd(key.head_dim), bshd(key.head_dim_v), vector(), vector(), vector(),
-        dq_semaphore, vector(), *_sparse_tables(), _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None),
-        _score_params(key.score_mod),
+        dq_semaphore, vector(), *_sparse_tables(),
+        _score_params(key.score_mod, dtype if key.score_mod == "bias16" else None), _score_params(key.score_mod),
         Float32(1.0), Float32(0.0), Int32(0),
         Int32(0), Int32(1), Int32(0), Int32(0), Int32(0), Int32(0), Int32(0), make_fake_stream(),
     )
@@ -456,8 +456,8 @@ TENSOR_ARGS = {
     "bwd": {"mQ": "q", "mK": "k", "mV": "v", "mdO": "dout", "mLSE": "lse_log2", "mdPsum": "dpsum",
             "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
             "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mdQsemaphore": "dq_semaphore",
-            "mSeqDone": "seq_done", "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks", "mSparseBits": "sparse_bits",
-            "mScoreParams": "score_params", "mScoreGrad": "score_grad"},
+            "mSeqDone": "seq_done", "mSparseCounts": "sparse_counts", "mSparseBlocks": "sparse_blocks",
+            "mSparseBits": "sparse_bits", "mScoreParams": "score_params", "mScoreGrad": "score_grad"},
     "bwd_pre": {"mO": "out", "mdO": "dout", "mLSE": "lse", "mdLSE": "dlse", "mLSE2": "lse_log2",
                 "mdPsum": "dpsum", "mdQaccum": "dq_accum", "mdK": "dk", "mdV": "dv", "mCuSeqlensQ": "cu_seqlens_q",
                 "mCuSeqlensK": "cu_seqlens_k", "mSeqUsedK": "seqused_k", "mSeqDone": "seq_done"},
