@@ -52,9 +52,24 @@ SPIN_LIMIT = 1 << 26
 
 
 @dsl_user_op
-def nanosleep(*, loc=None, ip=None) -> None:
-    """Back off for a while (~0.1-1 us) between polls: keeps a waiting warp off the issue slots."""
-    inline_asm(None, "nanosleep.u32 256;", "", (), volatile=True, loc=loc, ip=ip)
+def nanosleep(ns: int = 256, *, loc=None, ip=None) -> None:
+    """Back off for up to ``ns`` nanoseconds between polls (the hardware's sleep is
+    approximate): keeps a waiting warp off the issue slots."""
+    inline_asm(None, f"nanosleep.u32 {ns};", "", (), volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ctaid_z_here(*, loc=None, ip=None) -> Int32:
+    """The CTA's grid z, read where this is written (a volatile read the compiler neither merges
+    with an earlier one nor moves: a value it would otherwise keep live across a role's loop)."""
+    return Int32(inline_asm(T.i32(), "mov.u32 $0, %ctaid.z;", "=r", (), volatile=True, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def select_f32(flag: Int32, if_set: Float32, if_clear: Float32, *, loc=None, ip=None) -> Float32:
+    """``if_set`` where ``flag`` != 0, else ``if_clear``: one SEL, a per-lane choice of register."""
+    return f32_asm("{\n.reg .pred p;\nsetp.ne.s32 p, $1, 0;\nselp.f32 $0, $2, $3, p;\n}", "=f,r,f,f",
+                   (Int32(flag), Float32(if_set), Float32(if_clear)), loc=loc, ip=ip)
 
 
 @dsl_user_op

@@ -89,15 +89,14 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks
 from fa4_kernels.dq_order import rotated_turn, rotation_start
 from fa4_kernels.hopper_mma import new_accumulator, rows_cols_view, store_as_operand_a, transpose_smem_view, wgmma
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import BwdBarrier
-from fa4_kernels.ptx import (SPIN_LIMIT, barrier_sync_unaligned, f32_asm, fence_proxy_async_global, inline_asm,
-                             loop_bound_zero, nanosleep, trap)
+from fa4_kernels.ptx import (SPIN_LIMIT, barrier_sync_unaligned, ctaid_z_here, fence_proxy_async_global,
+                             loop_bound_zero, nanosleep, select_f32, trap)
 from fa4_kernels.score_mod import ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
@@ -116,21 +115,6 @@ DQ_STORES = ("tma", "stage")
 # A writer's claim on a query block's dQ (store_first): added to its counter, whose low half
 # counts the first stores that have landed (one per block).
 DQ_CLAIM = 1 << 16
-
-
-@dsl_user_op
-def ctaid_z_here(*, loc=None, ip=None) -> Int32:
-    """The CTA's grid z, read where this is written (a volatile read the compiler neither merges
-    with an earlier one nor moves)."""
-    return Int32(inline_asm(T.i32(), "mov.u32 $0, %ctaid.z;", "=r", (), volatile=True, loc=loc, ip=ip))
-
-
-@dsl_user_op
-def select_f32(flag: Int32, if_set: Float32, if_clear: Float32, *, loc=None, ip=None) -> Float32:
-    """``if_set`` where ``flag`` != 0, else ``if_clear``: one SEL, a per-lane choice of register
-    (stage_dq_pairs)."""
-    return f32_asm("{\n.reg .pred p;\nsetp.ne.s32 p, $1, 0;\nselp.f32 $0, $2, $3, p;\n}", "=f,r,f,f",
-                   (Int32(flag), Float32(if_set), Float32(if_clear)), loc=loc, ip=ip)
 
 
 def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):

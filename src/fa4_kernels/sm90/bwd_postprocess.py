@@ -27,7 +27,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from fa4_kernels.packed_sequences import last_sequence_at_or_before
-from fa4_kernels.ptx import inline_asm, trap
+from fa4_kernels.ptx import nanosleep, trap
 
 THREADS = 256
 VECTOR = 8  # floats per thread: 32 bytes in, 16 bytes out
@@ -83,7 +83,7 @@ class BackwardPostprocessSm90:
             for seq in cutlass.range(lo + cute.arch.lane_idx(), hi + 1, cute.arch.WARP_SIZE, unroll=1):
                 polls = Int32(0)
                 while cute.arch.load(mSeqDone.iterator + seq, Int32, sem="acquire", scope="gpu") < expected:
-                    inline_asm(None, f"nanosleep.u32 {POLL_SLEEP_NS};", "", (), volatile=True)
+                    nanosleep(POLL_SLEEP_NS)
                     polls += 1
                     if polls == WAIT_LIMIT:
                         trap()
