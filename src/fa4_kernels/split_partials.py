@@ -41,6 +41,14 @@ def partial_words_per_thread(head_dim_v: int) -> int:
     return head_dim_v // 2 + 4
 
 
+def chunk_index(slot, first_word: int, tidx, words: int, threads: int):
+    """The chunk (counted in CHUNK words from the partials' start) holding words first_word ..
+    first_word + CHUNK - 1 of thread ``tidx``'s partial in ``slot``, ``words`` per thread and
+    ``threads`` consumer threads (the layout above: slots, then a thread's chunks, then the
+    threads). Python ints or the kernel's Int32 values alike."""
+    return (slot * (words // CHUNK) + first_word // CHUNK) * threads + tidx
+
+
 @dataclass(frozen=True)
 class SplitPartials:
     semaphores: cute.Tensor  # int32
@@ -56,7 +64,7 @@ class SplitPartials:
     def chunk(self, slot: Int32, first_word: int, tidx: Int32) -> cute.Tensor:
         """The CHUNK words of thread ``tidx``'s partial in ``slot`` from word ``first_word`` (a
         multiple of CHUNK) on, as a 16-byte aligned global tensor."""
-        index = (slot * (self.words // CHUNK) + first_word // CHUNK) * self.num_threads + tidx
+        index = chunk_index(slot, first_word, tidx, self.words, self.num_threads)
         return cute.local_tile(self.partials, (CHUNK,), (index,))
 
     def load_words(self, slot: Int32, first_word: int, count: int, tidx: Int32) -> cute.Tensor:
