@@ -3,6 +3,9 @@
 #   build each version:  libs under build/ab/<version>/ (libfa4.so + variants.json)
 #   run (device tool) with carry ["build/ab"]:  bash scripts/ab_bench.sh VERSION... [-- bench args]
 # Each version is checked against SDPA (math) on odd shapes before it is timed.
+# FA4_AB_RUN: the timing command instead of fa4.bench, e.g. the deterministic backward against the
+# default per build: FA4_AB_RUN="python3 scripts/bwd_ab.py default: det:deterministic=1" bash
+# scripts/ab_bench.sh base new base new -- --head-dims 192 256 --rounds 1 (FA4_AB_ROUND=2: no checks).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 versions=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do versions+=("$1"); shift; done; [ $# -gt 0 ] && shift
@@ -39,5 +42,5 @@ for v in man:
 print("max abs err", worst)
 PY
   fi
-  python3 -m fa4.bench --providers fa4,cuDNN "$@" 2>&1 | tee -a "$OUT/ab.log"
+  ${FA4_AB_RUN:-python3 -m fa4.bench --providers fa4,cuDNN} "$@" 2>&1 | tee -a "$OUT/ab.log"
 done
