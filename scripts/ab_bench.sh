@@ -12,6 +12,7 @@ versions=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do versions+=("$1"); shift;
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 round=${FA4_AB_ROUND:-1}
 for v in "${versions[@]}"; do
+  [ -f "build/ab/$v/libfa4.so" ] || { echo "ab_bench.sh: no build/ab/$v/libfa4.so (carry it)" >&2; exit 1; }
   rm -rf torch_ops/fa4/_native && mkdir -p torch_ops/fa4/_native && cp build/ab/$v/* torch_ops/fa4/_native/
   echo "=== $v (round $round)" | tee -a "$OUT/ab.log"
   if [ $round = 1 ]; then
