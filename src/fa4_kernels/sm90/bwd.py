@@ -878,6 +878,15 @@ class FlashAttentionBackwardSm90:
         fence_proxy_async_global()
 
     @cute.jit
+    def next_visit(self, i: Int32, g: Int32, m_block_min: Int32, m_block_max: Int32):
+        """The dQ writer's visit after visit ``i`` of query head ``g`` of the group: the next
+        query block of the head, or the next head's first (g == group: none left)."""
+        next_i, next_g = i + 1, g
+        if next_i == m_block_max:
+            next_i, next_g = m_block_min, g + 1
+        return next_i, next_g
+
+    @cute.jit
     def dq_turn_came(self, counter, turn: Int32) -> Int32:
         """1 if the counter has reached ``turn`` (one acquire load, as wait_dq_turn's), else 0."""
         came = Int32(1)
@@ -1037,9 +1046,7 @@ class FlashAttentionBackwardSm90:
                     cute.arch.cp_async_bulk_commit_group()
                 if claims:
                     # The next block's claim (in this head, or the next head's first block).
-                    next_i, next_g = i + 1, g
-                    if next_i == m_block_max:
-                        next_i, next_g = m_block_min, g + 1
+                    next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
                     if next_g < group:
                         claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group + next_g,
                                                     batch_idx, self.query_block(next_i, start, m_block_min,
@@ -1055,9 +1062,7 @@ class FlashAttentionBackwardSm90:
                             # the writer skips the poll's round trip after passing this turn.
                             # Only a look, never a wait: holding this block's turn until the
                             # next one comes delays the blocks behind (1k-4k 7-17% slower).
-                            next_i, next_g = i + 1, g
-                            if next_i == m_block_max:
-                                next_i, next_g = m_block_min, g + 1
+                            next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
                             if next_g < group:
                                 next_counter, next_turn = self.dq_turn(
                                     mdQsemaphore, block_info, seq, n_block, head_kv * group + next_g, batch_idx,
