@@ -2,7 +2,8 @@
 # A/B of KV-cache decoding builds (libs under build/ab/<version>/, e.g. one variant each:
 # FA4_VARIANTS=bf16,d128x128,local_kvcache): per version, a float64 check over cache lengths and
 # split counts, then scripts/decode_profile.py's per-call graph time per shape; versions in the
-# order given (repeat one to see drift).
+# order given (repeat one to see drift). FA4_DECODE_SHAPES="1x4096 8x32768" picks the shapes
+# (batch x cache length); FA4_DECODE_TRACE=1 adds the trace twins' timeline means at 1 x 4k / 32k.
 #   run (device tool) with carry ["build/ab/A", "build/ab/B"]:  bash scripts/decode_ab.sh A B A
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -27,7 +28,12 @@ for batch, length, splits in [(2, 1, 0), (2, 17, 0), (3, 300, 7), (2, 2900, 0), 
         worst = max(worst, rel_error(out[b:b + 1], ref))
 print(f"worst relative error {worst:.2e}", "OK" if worst < 1e-2 else "BAD")
 PY
-  for s in "1 4096" "1 32768" "1 131072" "8 4096" "8 32768"; do
-    python3 scripts/decode_profile.py $s kernels 2>&1 | grep -E "^fa4" | tee -a "$OUT/decode_ab.log"
+  for s in ${FA4_DECODE_SHAPES:-1x4096 1x32768 1x131072 8x4096 8x32768}; do
+    python3 scripts/decode_profile.py ${s/x/ } kernels 2>&1 | grep -E "^fa4" | tee -a "$OUT/decode_ab.log"
   done
+  if [ "${FA4_DECODE_TRACE:-0}" = 1 ]; then  # the trace twins' means (the libs must hold them)
+    for s in "1 4096" "1 32768"; do
+      python3 scripts/decode_profile.py $s trace 2>&1 | grep -E "^trace" | tee -a "$OUT/decode_ab.log"
+    done
+  fi
 done

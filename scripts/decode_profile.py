@@ -2,7 +2,7 @@
 kernels each call launches and their GPU times (torch.profiler over CUDA-graph replays), fa4
 beside SDPA; or, with ``ncu``, just the calls to profile.
 
-    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa] [NUM_SPLITS]
+    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa|trace] [NUM_SPLITS[,NUM_SPLITS...]]
     ncu --clock-control none -k regex:kvcache --launch-skip 3 --launch-count 1 \
         python3 scripts/decode_profile.py 1 4096 fa4
 """
@@ -15,19 +15,36 @@ import fa4
 
 batch, length = int(sys.argv[1]), int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else "kernels"
-num_splits = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+split_counts = [int(n) for n in sys.argv[4].split(",")] if len(sys.argv) > 4 else [0]
 gen = torch.Generator(device="cuda").manual_seed(0)
 k, v = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
 q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
 lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
 calls = {
-    "fa4": lambda: fa4.attention_with_kvcache(q, k, v, lens, num_splits=num_splits),
+    **{("fa4" if n == 0 else f"fa4 splits={n}"): (lambda n=n: fa4.attention_with_kvcache(q, k, v, lens, num_splits=n))
+       for n in split_counts},
     "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                    enable_gqa=True),
 }
-if mode in calls:
+if mode == "trace":  # the trace twin's timeline of a few eager calls (fa4.trace), summarised
+    import tempfile
+
+    from fa4 import trace as fa4_trace
+    for n in split_counts:
+        fa4.attention_with_kvcache(q, k, v, lens, num_splits=n)
+        with tempfile.TemporaryDirectory() as tmp:
+            with fa4.trace(f"{tmp}/decode.jsonl"):
+                for _ in range(6):
+                    fa4.attention_with_kvcache(q, k, v, lens, num_splits=n)
+                torch.cuda.synchronize()
+            traced = [fa4_trace.summary(c) for c in fa4_trace.load(f"{tmp}/decode.jsonl")[1:]]
+        fields = ("makespan_us", "q_wait_us_mean", "after_blocks_us_mean", "merge_wait_us_mean", "merge_us_mean")
+        print(f"trace {batch}x{length} splits={n}: " + ", ".join(
+            f"{f} {sum(t.get(f, 0.0) for t in traced) / len(traced):.2f}" for f in fields))
+    sys.exit(0)
+if mode in ("fa4", "sdpa"):
     for _ in range(6):
-        calls[mode]()
+        calls[mode if mode == "sdpa" else next(iter(calls))]()
     torch.cuda.synchronize()
     sys.exit(0)
 for name, call in calls.items():

@@ -66,6 +66,12 @@ class FwdConfig:
     # on): 1x4k 14.0-15.1 -> 13.3-13.5, 8x4k 41.1-41.2 -> 39.8, 1x128k 130.3-130.7 -> 128.8-129.2,
     # 1x32k 42.3 -> 42.0-42.4, 8x32k 244.8-245.0 -> 244.1-244.2. Not measured elsewhere (off).
     pdl: bool = False
+    # A tile whose heads hold at most half their rows' queries (a decoding step's pack-GQA tile:
+    # one row in 16 per head) stores O straight from the accumulator registers, each live row's
+    # column pairs by 4-byte stores, instead of staging the tile in shared memory behind two
+    # barriers and copying its rows out (sm90/fwd.py, FlashAttentionForwardSm90.epilogue).
+    # KV-cache variants (few_rows_fit).
+    few_rows_from_registers: bool = False
     # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
     # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
     # last rows never does). Pays where the warpgroups contend for the tensor cores or the MUFU,
@@ -246,7 +252,17 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=key.head_dim_v >= 192,
                   epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=True, lse_bulk_store=False)
     cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key), pdl=True)
-    return place_buffers(cfg, key.head_dim, key.head_dim_v)
+    cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
+    return replace(cfg, few_rows_from_registers=few_rows_fit(cfg, key))
+
+
+def few_rows_fit(cfg: FwdConfig, key: VariantKey) -> bool:
+    """FwdConfig.few_rows_from_registers: KV-cache variants (decoding and speculative
+    verification tiles hold one to a few rows per packed head) up to head_dim_v 192, with O in
+    its own buffer (a tile in V's buffer hands that buffer back through the staged epilogue's
+    barriers). At head_dim_v 256 the fp16 images spilled 10 and 21 words with it (sass_report;
+    none without it)."""
+    return key.kv_cache and not cfg.o_in_v and key.head_dim_v <= 192
 
 
 def merge_helpers_fit(cfg: FwdConfig, key: VariantKey) -> bool:

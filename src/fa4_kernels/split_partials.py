@@ -34,6 +34,11 @@ FLAGS_BASE = 32  # semaphore words before the flags (word 0: the tile counter)
 # slots' sectors, and folding 15 partials took 2.5 us at 1 x 4k and 3.5 us at 1 x 32k of a
 # 9.6 / 38.7 us kernel (H200, trace twin, session 46).
 CHUNK = 4
+# The merger's back-off between polls of a writer's flag (ns). The merger has nothing else to do
+# while it waits, and the wait sits on a split tile's critical path: a 256 ns sleep added up to
+# that much to a decoding step's ~12 us.
+MERGER_POLL_NS = 32
+MERGER_SPIN_LIMIT = SPIN_LIMIT * 256 // MERGER_POLL_NS  # the same time as other waits before the trap
 
 
 def partial_words_per_thread(head_dim_v: int) -> int:
@@ -127,9 +132,9 @@ class SplitPartials:
             flag = self.flag_ptr(first_slot + i, wg)
             polls = Int32(0)
             while cute.arch.load(flag, Int32, sem="acquire", scope="gpu") == 0:
-                nanosleep()
+                nanosleep(MERGER_POLL_NS)
                 polls += 1
-                if polls == SPIN_LIMIT:
+                if polls == MERGER_SPIN_LIMIT:
                     trap()
             cute.arch.store(flag, Int32(0), sem="relaxed", scope="gpu")
             i += 128

@@ -332,6 +332,16 @@ def test_split_merges_with_helpers_in_pairs_and_kv_cache_launches_programmatical
         assert cfg.pdl == key.kv_cache, key.name
 
 
+def test_kv_cache_tiles_store_few_rows_from_registers():
+    # FwdConfig.few_rows_from_registers: the KV-cache forwards up to head_dim_v 192 (hd256's fp16
+    # images spilled with it; none of them stages O in V's buffer, which goes back to the producer
+    # through the staged epilogue), no other forward.
+    for key in forward_variants():
+        cfg = heuristics.fwd_config(key)
+        assert cfg.few_rows_from_registers == (key.kv_cache and key.head_dim_v <= 192), key.name
+        assert not (cfg.few_rows_from_registers and cfg.o_in_v), key.name
+
+
 def test_early_q_release_only_for_the_short_tiles():
     # Measured +1.2% at hd64 1k on the short tiles and -0.8% at hd128 4k (docs/perf_notes.md).
     for key in forward_variants():

@@ -112,6 +112,7 @@ class FlashAttentionForwardSm90:
         merge_helpers: bool = False,
         merge_pairs: bool = False,
         pdl: bool = False,
+        few_rows_from_registers: bool = False,
         skip_dead_blocks: bool = False,
         early_q_release: bool = False,
         lse_bulk_store: bool = False,
@@ -178,6 +179,9 @@ class FlashAttentionForwardSm90:
         self.merge_helpers = merge_helpers  # split_partials.SplitPartials.helpers
         self.merge_pairs = merge_pairs  # split_partials.SplitPartials.pairs
         self.pdl = pdl  # FwdConfig.pdl: launched with programmatic dependent launch
+        # The roles wait for the previous grid after their first tile's schedule arithmetic
+        # (wait_previous_grid), which must then read no global memory: the static schedule.
+        assert not (pdl and self.dynamic_schedule), "PDL: statically scheduled variants"
         assert not (split_tail and self.dynamic_schedule), "only the static schedule splits its tail"
         # O is staged in V's buffer when it does not fit beside Q, K and V (heuristics.
         # place_buffers; FlashAttention-3's choice): V is free once every consumer has done its
@@ -191,6 +195,9 @@ class FlashAttentionForwardSm90:
         # ping-pong starts the next tile while the other finishes. Not when O shares V's buffer:
         # a warpgroup's O rows would overwrite V rows another warpgroup may still be reading.
         self.wg_epilogue = not self.o_in_v
+        # Tiles with few live rows store O from registers (heuristics.FwdConfig).
+        self.few_rows_from_registers = few_rows_from_registers
+        assert not (few_rows_from_registers and o_in_v), "O in V's buffer goes back through the staged epilogue"
         self.num_mma_threads = THREADS_PER_WG * self.num_consumer_wg
         # Causal/local: warpgroups sit out the diagonal blocks that hide all their rows' keys
         # (skip_blocks; heuristics.FwdConfig.skip_dead_blocks says where it pays).
@@ -557,11 +564,10 @@ class FlashAttentionForwardSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if const_expr(self.pdl):
-            # Launched with programmatic dependent launch: the setup above ran while the previous
-            # kernel in the stream was still finishing; nothing in global memory is read or
-            # written before that kernel's grid has completed. The next kernel may launch now:
-            # its CTAs take SMs as ours exit.
-            cute.arch.griddepcontrol_wait()
+            # Launched with programmatic dependent launch: the setup above, and each role's set-up
+            # and first tile's arithmetic up to wait_previous_grid, run while the previous kernel
+            # in the stream is still finishing. The next kernel may launch now: its CTAs take
+            # SMs as ours exit, and wait for our grid before they touch global memory.
             cute.arch.griddepcontrol_launch_dependents()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -681,6 +687,7 @@ class FlashAttentionForwardSm90:
         if const_expr(self.trace and self.dynamic_schedule):
             dealt = deal_round_robin(mSemaphores)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
+        self.wait_previous_grid()
         while valid:
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
@@ -789,6 +796,14 @@ class FlashAttentionForwardSm90:
                                 (cursor, m_block, head_idx, batch_idx, cutlass.select_(valid, Int32(1), Int32(0))))
                 handoffs += 1
 
+    def wait_previous_grid(self):
+        """FwdConfig.pdl: wait until the previous kernel in the stream has completed and its
+        writes are visible. Each role calls it before its first global access (cache_seqlens
+        and the cache itself may be what that kernel wrote), after its set-up and the first
+        tile's schedule arithmetic, which read only the kernel's parameters."""
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+
     @cute.jit
     def wait_o_stored(self, o_free_mbar: cute.Pointer, first_v, tiles_loaded: Int32):
         """O in V's buffer: before a tile's first V load (``first_v``), wait until the previous
@@ -888,6 +903,7 @@ class FlashAttentionForwardSm90:
         handoffs = Int32(0)
         handoffs_o = Int32(0)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
+        self.wait_previous_grid()
         while valid:
             trace_slot = Int32(-1)
             if const_expr(self.trace):
@@ -1588,89 +1604,130 @@ class FlashAttentionForwardSm90:
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         stamp(6)
-        # The previous TMA store from these rows of sO must have read them (the storing warp
-        # waits for it), and when sO aliases sV every consumer must be past its last P @ V.
-        if is_store_warp:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=smem_free_id, number_of_threads=group_threads)
-        stamp(7)
-        smem_copy_O = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
-            tiled_mma_pv,
-        ).get_slice(tidx)
-        # sO's address math is the same for every tile; left alone, LLVM computes it once before
-        # the tile loop and the ~16 swizzled stmatrix addresses stay live across the K/V loop
-        # (spilled in the 240-register hd192/hd256 kernels). An opaque per-tile zero keeps it here.
-        sO_here = cute.make_tensor(sO.iterator + cute.assume(loop_bound_zero(rows.first_row), divby=512), sO.layout)
-        cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO_here))
-        stamp(8)
+        staged = True
+        if const_expr(self.few_rows_from_registers):
+            staged = not self.few_live_rows(rows, seq)
+            if not staged:
+                self.store_from_registers(rO, lse, tidx, tiled_mma_pv, mO, mLSE, batch_idx, seq, rows)
+        if staged:
+            # The previous TMA store from these rows of sO must have read them (the storing warp
+            # waits for it), and when sO aliases sV every consumer must be past its last P @ V.
+            if is_store_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=smem_free_id, number_of_threads=group_threads)
+            stamp(7)
+            smem_copy_O = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+                tiled_mma_pv,
+            ).get_slice(tidx)
+            # sO's address math is the same for every tile; left alone, LLVM computes it once before
+            # the tile loop and the ~16 swizzled stmatrix addresses stay live across the K/V loop
+            # (spilled in the 240-register hd192/hd256 kernels). An opaque per-tile zero keeps it here.
+            sO_here = cute.make_tensor(sO.iterator + cute.assume(loop_bound_zero(rows.first_row), divby=512), sO.layout)
+            cute.copy(smem_copy_O, smem_copy_O.retile(rO), smem_copy_O.partition_D(sO_here))
+            stamp(8)
 
-        # One TMA store when the rows all belong to this tile's head and sequence; row by row
-        # otherwise (pack-GQA, rows above a shifted sequence's start, or rows past a packed
-        # sequence's end, where a TMA store would overwrite the next sequence's rows). Rows
-        # entirely above the start are not stored at all.
-        start = rows.row(first_row)  # sequence row of the first stored row
-        whole = rows.pack_log2 == 0 and start >= 0
-        if const_expr(self.is_varlen):
-            whole = whole and start + store_rows <= seq.seqlen_q
-
-        # LSE: the thread holding column 0 of a row stores it. These rows' values are contiguous
-        # in mLSE: with lse_bulk_store, when the rows all lie in the sequence and start 16 bytes
-        # aligned, those threads put them in sLSE and the storing warp copies them out in one
-        # bulk copy beside O's store, instead of each thread storing its rows itself.
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
-        if const_expr(self.lse_bulk_store):
+            # One TMA store when the rows all belong to this tile's head and sequence; row by row
+            # otherwise (pack-GQA, rows above a shifted sequence's start, or rows past a packed
+            # sequence's end, where a TMA store would overwrite the next sequence's rows). Rows
+            # entirely above the start are not stored at all.
+            start = rows.row(first_row)  # sequence row of the first stored row
+            whole = rows.pack_log2 == 0 and start >= 0
             if const_expr(self.is_varlen):
-                lse_first = mLSE.iterator + cute.crd2idx((seq.offset_q + start, rows.head_idx, 0), mLSE.layout)
-            else:
-                lse_first = mLSE.iterator + cute.crd2idx((start, rows.head_idx, batch_idx), mLSE.layout)
-            lse_bulk = whole and start + store_rows <= seq.seqlen_q and (lse_first.toint() & 15) == 0
-            if tOcO[0][1] == 0:
-                if lse_bulk:
-                    for r in cutlass.range_constexpr(cute.size(lse)):
-                        sLSE[tOcO[r, 0][0]] = lse[r]
-                else:
-                    self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
-        else:
-            if tOcO[0][1] == 0:
-                self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
-        stamp(9)
+                whole = whole and start + store_rows <= seq.seqlen_q
 
-        if start + store_rows > 0:
-            if whole:
-                # Make the stmatrix writes visible to the TMA engine, then one warp stores the rows;
-                # it waits for the store's reads only before they are next written (or at exit).
-                cute.arch.fence_view_async_shared()
-                ready = group_threads + cute.arch.WARP_SIZE
-                cute.arch.barrier_arrive(barrier_id=o_ready_id, number_of_threads=ready)
-                if is_store_warp:
-                    cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=ready)
-                    gO = cute.local_tile(
-                        cute.domain_offset((start, 0), self.tile_view(tma_O, rows.head_idx, batch_idx, seq.offset_q)),
-                        (store_rows, self.head_dim_v), (0, 0),
-                    )
-                    tOsO, tOgO = cpasync.tma_partition(
-                        tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO_store, 0, 2),
-                        cute.group_modes(gO, 0, 2),
-                    )
-                    cute.copy(tma_atom_O, tOsO, tOgO)
-                    if const_expr(self.lse_bulk_store):
-                        if lse_bulk and cute.arch.lane_idx() == 0:
-                            bulk_store_s2g(lse_first.toint(), (sLSE.iterator + first_row).toint(), store_rows * 4)
-                    cute.arch.cp_async_bulk_commit_group()
+            # LSE: the thread holding column 0 of a row stores it. These rows' values are contiguous
+            # in mLSE: with lse_bulk_store, when the rows all lie in the sequence and start 16 bytes
+            # aligned, those threads put them in sLSE and the storing warp copies them out in one
+            # bulk copy beside O's store, instead of each thread storing its rows itself.
+            thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+            tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+            if const_expr(self.lse_bulk_store):
+                if const_expr(self.is_varlen):
+                    lse_first = mLSE.iterator + cute.crd2idx((seq.offset_q + start, rows.head_idx, 0), mLSE.layout)
+                else:
+                    lse_first = mLSE.iterator + cute.crd2idx((start, rows.head_idx, batch_idx), mLSE.layout)
+                lse_bulk = whole and start + store_rows <= seq.seqlen_q and (lse_first.toint() & 15) == 0
+                if tOcO[0][1] == 0:
+                    if lse_bulk:
+                        for r in cutlass.range_constexpr(cute.size(lse)):
+                            sLSE[tOcO[r, 0][0]] = lse[r]
+                    else:
+                        self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
             else:
-                cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
-                self.store_rows(sO_store, first_row, group_threads, tidx % group_threads, mO, batch_idx, seq, rows)
-        stamp(10)
-        if const_expr(self.o_in_v):
-            # V's buffer goes back to the producer (release_o_buffer, next tile) once O has been
-            # read out of it: by the TMA store, whose issuing warp waits for its reads then, or
-            # here by every thread's row copies. The proxy fence orders those generic accesses
-            # before the producer's TMA writes.
-            if not whole or start + store_rows <= 0:
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
+                if tOcO[0][1] == 0:
+                    self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
+            stamp(9)
+
+            if start + store_rows > 0:
+                if whole:
+                    # Make the stmatrix writes visible to the TMA engine, then one warp stores the rows;
+                    # it waits for the store's reads only before they are next written (or at exit).
+                    cute.arch.fence_view_async_shared()
+                    ready = group_threads + cute.arch.WARP_SIZE
+                    cute.arch.barrier_arrive(barrier_id=o_ready_id, number_of_threads=ready)
+                    if is_store_warp:
+                        cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=ready)
+                        gO = cute.local_tile(
+                            cute.domain_offset((start, 0),
+                                               self.tile_view(tma_O, rows.head_idx, batch_idx, seq.offset_q)),
+                            (store_rows, self.head_dim_v), (0, 0),
+                        )
+                        tOsO, tOgO = cpasync.tma_partition(
+                            tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO_store, 0, 2),
+                            cute.group_modes(gO, 0, 2),
+                        )
+                        cute.copy(tma_atom_O, tOsO, tOgO)
+                        if const_expr(self.lse_bulk_store):
+                            if lse_bulk and cute.arch.lane_idx() == 0:
+                                bulk_store_s2g(lse_first.toint(), (sLSE.iterator + first_row).toint(), store_rows * 4)
+                        cute.arch.cp_async_bulk_commit_group()
+                else:
+                    cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
+                    self.store_rows(sO_store, first_row, group_threads, tidx % group_threads, mO, batch_idx, seq, rows)
+            stamp(10)
+            if const_expr(self.o_in_v):
+                # V's buffer goes back to the producer (release_o_buffer, next tile) once O has been
+                # read out of it: by the TMA store, whose issuing warp waits for its reads then, or
+                # here by every thread's row copies. The proxy fence orders those generic accesses
+                # before the producer's TMA writes.
+                if not whole or start + store_rows <= 0:
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=o_ready_id, number_of_threads=group_threads)
+
+    def few_live_rows(self, rows: TileRows, seq: SeqlenInfo):
+        """Does at most half of each packed head's block of tile rows hold a query of the
+        sequence (FwdConfig.few_rows_from_registers: a decoding step's tile holds one in 16)?"""
+        block = rows.block_rows
+        live = cutlass.min(rows.first_row + block, seq.seqlen_q) - cutlass.max(rows.first_row, 0)
+        return live * 2 <= block
+
+    @cute.jit
+    def store_from_registers(self, rO: cute.Tensor, lse: cute.Tensor, tidx: Int32, tiled_mma_pv: cute.TiledMma,
+                             mO: cute.Tensor, mLSE: cute.Tensor, batch_idx: Int32, seq: SeqlenInfo, rows: TileRows):
+        """This thread's rows of O (and their LSE) that hold a query, straight from its
+        accumulator fragment (``rO``, in the output dtype). A row's columns 2j and 2j + 1 sit
+        side by side in the fragment and in memory: one 4-byte store each, a quad of lanes
+        covering 16 contiguous bytes. No shared memory and no barrier: where a tile's rows are
+        mostly padding (a decoding step), staging all of them cost two barriers and a full-tile
+        round trip."""
+        o = rows_cols_view(rO)
+        tOcO = rows_cols_view(tiled_mma_pv.get_slice(tidx).partition_C(
+            cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+        if tOcO[0][1] == 0:
+            self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
+        pair_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                        num_bits_per_copy=2 * self.dtype.width)
+        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+            tile_row = tOcO[r, 0][0]
+            row = rows.row(tile_row)
+            if row >= 0 and row < seq.seqlen_q:
+                gRow = self.tile_view(mO, rows.head(tile_row), batch_idx, seq.offset_q)[row, None]
+                for c in cutlass.range_constexpr(0, cute.size(o, mode=[1]), 2):
+                    pair = cute.make_rmem_tensor((2,), self.dtype)
+                    pair[0] = o[r, c]
+                    pair[1] = o[r, c + 1]
+                    cute.copy(pair_copy, pair, cute.local_tile(gRow, (2,), (tOcO[r, c][1] // 2,)))
 
     @cute.jit
     def store_lse_rows(self, lse: cute.Tensor, tOcO: cute.Tensor, mLSE: cute.Tensor, batch_idx: Int32,
