@@ -29,7 +29,7 @@ for batch, length, splits in [(2, 1, 0), (2, 17, 0), (3, 300, 7), (2, 2900, 0), 
 print(f"worst relative error {worst:.2e}", "OK" if worst < 1e-2 else "BAD")
 PY
   for s in ${FA4_DECODE_SHAPES:-1x4096 1x32768 1x131072 8x4096 8x32768}; do
-    python3 scripts/decode_profile.py ${s/x/ } kernels 2>&1 | grep -E "^fa4" | tee -a "$OUT/decode_ab.log"
+    python3 scripts/decode_profile.py ${s/x/ } kernels 2>&1 | grep -E "^(fa4|sdpa)" | tee -a "$OUT/decode_ab.log"
   done
   if [ "${FA4_DECODE_TRACE:-0}" = 1 ]; then  # the trace twins' means (the libs must hold them)
     for s in "1 4096" "1 32768"; do

@@ -65,12 +65,19 @@ class FwdConfig:
     # hd128, 32/8 heads, one token, CUDA-graph us per call of back-to-back calls, two rounds, off ->
     # on): 1x4k 14.0-15.1 -> 13.3-13.5, 8x4k 41.1-41.2 -> 39.8, 1x128k 130.3-130.7 -> 128.8-129.2,
     # 1x32k 42.3 -> 42.0-42.4, 8x32k 244.8-245.0 -> 244.1-244.2. Not measured elsewhere (off).
+    # Since session 49 each role waits for the previous grid only after its first tile's schedule
+    # arithmetic (FlashAttentionForwardSm90.wait_previous_grid), not right after the CTA's
+    # set-up. With few_rows_from_registers and the merger's 32 ns poll (split_partials), same
+    # H100 call, CUDA-graph us per call: 1x4k 13.1-13.7 -> 11.5-12.4 (SDPA 11.2-12.2 beside),
+    # 1x32k 54.0-54.8 -> 53.3-53.9 (SDPA 52.6-53.5); the traced makespan moved 0.43 us of that.
     pdl: bool = False
     # A tile whose heads hold at most half their rows' queries (a decoding step's pack-GQA tile:
     # one row in 16 per head) stores O straight from the accumulator registers, each live row's
     # column pairs by 4-byte stores, instead of staging the tile in shared memory behind two
     # barriers and copying its rows out (sm90/fwd.py, FlashAttentionForwardSm90.epilogue).
-    # KV-cache variants (few_rows_fit).
+    # KV-cache variants (few_rows_fit). Measured (H100, bf16 hd128, 32/8 heads, one token, the
+    # trace twin's makespan of eager calls, with the two changes of FwdConfig.pdl's note): 1x4k
+    # 8.78 -> 8.35 us.
     few_rows_from_registers: bool = False
     # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
     # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
