@@ -42,9 +42,10 @@ if mode == "trace":  # the trace twin's timeline of a few eager calls (fa4.trace
         print(f"trace {batch}x{length} splits={n}: " + ", ".join(
             f"{f} {sum(t.get(f, 0.0) for t in traced) / len(traced):.2f}" for f in fields))
     sys.exit(0)
-if mode in ("fa4", "sdpa"):
+if mode in ("fa4", "sdpa"):  # fa4: the first split count's call
+    call = calls["sdpa"] if mode == "sdpa" else next(iter(calls.values()))
     for _ in range(6):
-        calls[mode if mode == "sdpa" else next(iter(calls))]()
+        call()
     torch.cuda.synchronize()
     sys.exit(0)
 for name, call in calls.items():

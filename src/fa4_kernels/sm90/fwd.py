@@ -1193,11 +1193,16 @@ class FlashAttentionForwardSm90:
         self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O, tiled_mma_pv, tidx,
                       batch_idx, seq, rows, o_free_mbar, tile_stamp)
 
+    def o_coords(self, tiled_mma_pv: cute.TiledMma, tidx: Int32) -> cute.Tensor:
+        """The (tile row, column) of each of thread ``tidx``'s O accumulator values, as a
+        (rows, cols) view like rows_cols_view(acc_O)."""
+        return rows_cols_view(tiled_mma_pv.get_slice(tidx).partition_C(
+            cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+
     @cute.jit
     def rows_in_sequence(self, tiled_mma_pv: cute.TiledMma, tidx: Int32, rows: TileRows, seq: SeqlenInfo):
         """Per accumulator row of this thread: does it hold a query row of the sequence?"""
-        tOcO = rows_cols_view(tiled_mma_pv.get_slice(tidx).partition_C(
-            cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+        tOcO = self.o_coords(tiled_mma_pv, tidx)
         return tuple(rows.row(tOcO[r, 0][0]) < seq.seqlen_q for r in range(cute.size(tOcO, mode=[0])))
 
     @cute.jit
@@ -1640,8 +1645,7 @@ class FlashAttentionForwardSm90:
             # in mLSE: with lse_bulk_store, when the rows all lie in the sequence and start 16 bytes
             # aligned, those threads put them in sLSE and the storing warp copies them out in one
             # bulk copy beside O's store, instead of each thread storing its rows itself.
-            thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-            tOcO = rows_cols_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+            tOcO = self.o_coords(tiled_mma_pv, tidx)
             if const_expr(self.lse_bulk_store):
                 if const_expr(self.is_varlen):
                     lse_first = mLSE.iterator + cute.crd2idx((seq.offset_q + start, rows.head_idx, 0), mLSE.layout)
@@ -1712,8 +1716,7 @@ class FlashAttentionForwardSm90:
         mostly padding (a decoding step), staging all of them cost two barriers and a full-tile
         round trip."""
         o = rows_cols_view(rO)
-        tOcO = rows_cols_view(tiled_mma_pv.get_slice(tidx).partition_C(
-            cute.make_identity_tensor((self.tile_m, self.head_dim_v))))
+        tOcO = self.o_coords(tiled_mma_pv, tidx)
         if tOcO[0][1] == 0:
             self.store_lse_rows(lse, tOcO, mLSE, batch_idx, seq, rows)
         pair_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
