@@ -115,6 +115,10 @@ DQ_STORES = ("tma", "stage")
 # A writer's claim on a query block's dQ (store_first): added to its counter, whose low half
 # counts the first stores that have landed (one per block).
 DQ_CLAIM = 1 << 16
+# Deterministic turns: the dQ writer's back-off (ns) between polls of its turn's counter, by turn
+# order: launch order, rotated. Rotated turns hand over once per step and gain from a short one;
+# launch-order chains from a long one (measured: docs/perf_notes.md, session 50).
+TURN_POLL_NS = {False: 1024, True: 256}
 
 
 def stats_offset(seq: SeqlenInfo, batch_idx, stats_block: int, is_varlen: bool):
@@ -866,12 +870,13 @@ class FlashAttentionBackwardSm90:
         return mdQsemaphore.iterator + index, turn
 
     @cute.jit
-    def wait_dq_turn(self, counter, turn: Int32):
-        """Poll (acquire) until the counter reaches ``turn``; trap rather than hang."""
+    def wait_dq_turn(self, counter, turn: Int32, back_off_ns: cutlass.Constexpr[int]):
+        """Poll (acquire) until the counter reaches ``turn``, ``back_off_ns`` between polls
+        (TURN_POLL_NS); trap rather than hang."""
         if turn >= 0:
             polls = Int32(0)
             while cute.arch.load(counter, Int32, sem="acquire", scope="gpu") != turn:
-                nanosleep()
+                nanosleep(back_off_ns)
                 polls += 1
                 if polls == SPIN_LIMIT:
                     trap()
@@ -1011,7 +1016,7 @@ class FlashAttentionBackwardSm90:
                 first = Int32(0)  # 1: store the parts (the accumulator's first write), not add them
                 if deterministic != 0:
                     if lane == 0 and waited == 0:
-                        self.wait_dq_turn(counter, turn)
+                        self.wait_dq_turn(counter, turn, TURN_POLL_NS[rotated])
                     waited = Int32(0)
                     # The TMA copies below elect a lane among those active: all wait for lane 0.
                     cute.arch.sync_warp()
