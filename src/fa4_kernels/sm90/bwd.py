@@ -116,8 +116,9 @@ DQ_STORES = ("tma", "stage")
 # counts the first stores that have landed (one per block).
 DQ_CLAIM = 1 << 16
 # Deterministic turns: the dQ writer's back-off (ns) between polls of its turn's counter, by turn
-# order: launch order, rotated. Rotated turns hand over once per step and gain from a short one;
-# launch-order chains from a long one (measured: docs/perf_notes.md, session 50).
+# order: launch order, rotated. Measured (H100, fwd+bwd, session 50, docs/perf_notes.md): launch-
+# order chains 256 -> 1024 ns hd192 16k +5.5%, causal 4k-16k +1.7% (512 ns: no gain; 32 ns: 1-7%
+# slower); rotated turns, one hand-over per step on the critical path, lost 3-9% with 1024.
 TURN_POLL_NS = {False: 1024, True: 256}
 
 
