@@ -1,8 +1,9 @@
-"""One KV-cache decoding shape (bf16 hd128, 32/8 heads, one query token), for profilers: the
-kernels each call launches and their GPU times (torch.profiler over CUDA-graph replays), fa4
-beside SDPA; or, with ``ncu``, just the calls to profile.
+"""One KV-cache decoding shape (bf16 hd128, 32/8 heads, one query token or SEQLEN_Q causal ones:
+speculative verification), for profilers: the kernels each call launches and their GPU times
+(torch.profiler over CUDA-graph replays), fa4 beside SDPA; or, with ``ncu``, just the calls to
+profile.
 
-    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa|trace] [NUM_SPLITS[,NUM_SPLITS...]]
+    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa|trace] [NUM_SPLITS[,NUM_SPLITS...]] [SEQLEN_Q]
     ncu --clock-control none -k regex:kvcache --launch-skip 3 --launch-count 1 \
         python3 scripts/decode_profile.py 1 4096 fa4
 """
@@ -16,15 +17,19 @@ import fa4
 batch, length = int(sys.argv[1]), int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else "kernels"
 split_counts = [int(n) for n in sys.argv[4].split(",")] if len(sys.argv) > 4 else [0]
+seqlen_q = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 gen = torch.Generator(device="cuda").manual_seed(0)
 k, v = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+q = torch.randn(batch, seqlen_q, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
 lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+# The queries are the sequence's last seqlen_q keys' tokens: causal, aligned to the bottom right
+# (as attention_with_kvcache's default); one token sees every key.
+visible = torch.ones(seqlen_q, length, dtype=torch.bool, device="cuda").tril(length - seqlen_q)
 calls = {
     **{("fa4" if n == 0 else f"fa4 splits={n}"): (lambda n=n: fa4.attention_with_kvcache(q, k, v, lens, num_splits=n))
        for n in split_counts},
     "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                   enable_gqa=True),
+                                                   attn_mask=None if seqlen_q == 1 else visible, enable_gqa=True),
 }
 if mode == "trace":  # the trace twin's timeline of a few eager calls (fa4.trace), summarised
     import tempfile
@@ -39,7 +44,7 @@ if mode == "trace":  # the trace twin's timeline of a few eager calls (fa4.trace
                 torch.cuda.synchronize()
             traced = [fa4_trace.summary(c) for c in fa4_trace.load(f"{tmp}/decode.jsonl")[1:]]
         fields = ("makespan_us", "q_wait_us_mean", "after_blocks_us_mean", "merge_wait_us_mean", "merge_us_mean")
-        print(f"trace {batch}x{length} splits={n}: " + ", ".join(
+        print(f"trace {batch}x{length} q{seqlen_q} splits={n}: " + ", ".join(
             f"{f} {sum(t.get(f, 0.0) for t in traced) / len(traced):.2f}" for f in fields))
     sys.exit(0)
 if mode in ("fa4", "sdpa"):  # fa4: the first split count's call
@@ -67,7 +72,8 @@ for name, call in calls.items():
     torch.cuda.synchronize()
     per_call = start.elapsed_time(end) / 20 * 1e3
     moved = 2 * batch * length * 8 * 128 * 2
-    print(f"{name} {batch}x{length}: {per_call:.1f} us per call in a graph ({moved / per_call / 1e3:.0f} GB/s)")
+    print(f"{name} {batch}x{length} q{seqlen_q}: {per_call:.1f} us per call in a graph "
+          f"({moved / per_call / 1e3:.0f} GB/s)")
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels = {}
     for e in events:
