@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A/B of KV-cache decoding builds (libs under build/ab/<version>/, e.g. one variant each:
-# FA4_VARIANTS=bf16,d128x128,local_kvcache): per version, a float64 check over cache lengths and
-# split counts, then scripts/decode_profile.py's per-call graph time per shape; versions in the
-# order given (repeat one to see drift). FA4_DECODE_SHAPES="1x4096 8x32768" picks the shapes
-# (batch x cache length), FA4_DECODE_QS="1 8" the query tokens per call (default 1: decoding; more:
-# speculative verification); FA4_DECODE_TRACE=1 adds the trace twins' timeline means at 1 x 4k / 32k.
+# FA4_VARIANTS=bf16,d128x128,local_kvcache): per version, a float64 check of O and LSE over cache
+# lengths, split counts and 1-8 causal query tokens, then scripts/decode_profile.py's per-call graph
+# time per shape; versions in the order given (repeat one to see drift). FA4_DECODE_SHAPES="1x4096
+# 8x32768" picks the shapes (batch x cache length), FA4_DECODE_QS="1 8" the query tokens per call
+# (default 1: decoding; more: speculative verification); FA4_DECODE_TRACE=1 adds the trace twins'
+# timeline means at 1 x 4k / 32k.
 #   run (device tool) with carry ["build/ab/A", "build/ab/B"]:  bash scripts/decode_ab.sh A B A
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
