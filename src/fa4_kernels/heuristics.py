@@ -262,7 +262,7 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     # words, hd192x192's causal kernel before this one 17), and at hd128 beside the two merges of
     # distributed_merge (37 words; read off each variant's SASS, with the one-warpgroup register
     # split of sm90/fwd.py). A decoding CTA runs one or two tiles.
-    cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=True,
+    cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=key.head_dim_v >= 192,
                   epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=True, lse_bulk_store=False)
     # distributed_merge: split_partials.distributes picks the launches whose tiles merge that way
     # (the measurements are there); the others keep the merger. Not above head_dim_v 128: with

@@ -198,8 +198,8 @@ class SplitPartials:
                 cute.arch.store(self.tile_counter(merger_cta, 1), Int32(0), sem="relaxed", scope="gpu")
 
     @cute.jit
-    def fold_chunk(self, merger_cta: Int32, pieces: Int32, tidx: Int32, r: cutlass.Constexpr[int],
-                   first_word: cutlass.Constexpr[int], rows: cutlass.Constexpr[int], live, scale_log2: Float32):
+    def fold_chunk(self, merger_cta: Int32, pieces: Int32, tidx: Int32, r: Int32, first_word: Int32,
+                   rows: cutlass.Constexpr[int], live, scale_log2: Float32):
         """distributed: fold words first_word .. first_word + CHUNK - 1 (a chunk of accumulator
         row ``r`` of ``rows``) of thread ``tidx``'s partial in every piece of the tile, as
         ``merge`` folds whole states. Returns (row max, the thread's row sum, the CHUNK O words)
@@ -223,9 +223,13 @@ class SplitPartials:
                 stats.append(self.load_words(slot, self.words - 2 * rows, 2 * rows, tidx))
                 words.append(self.load_words(slot, first_word, CHUNK, tidx))
             for k in cutlass.range_constexpr(PIECES_IN_FLIGHT):
-                their_max = stats[k][r] if first + k < count else -Float32.inf
-                fold_row(o, row_max, row_sum, 0, scale_log2, their_max, stats[k][rows + r],
-                         lambda c, k=k: words[k][c])
+                # Row r's statistics (r is a run-time value: selected, not indexed).
+                their_max, their_sum = stats[k][0], stats[k][rows]
+                for i in cutlass.range_constexpr(1, rows):
+                    their_max = stats[k][i] if r == i else their_max
+                    their_sum = stats[k][rows + i] if r == i else their_sum
+                their_max = their_max if first + k < count else -Float32.inf
+                fold_row(o, row_max, row_sum, 0, scale_log2, their_max, their_sum, lambda c, k=k: words[k][c])
         return row_max, row_sum, o
 
     @cute.jit

@@ -1247,32 +1247,35 @@ class FlashAttentionForwardSm90:
         chunks_per_row = n_cols // CHUNK
         pair_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
                                         num_bits_per_copy=2 * self.dtype.width)
-        next_chunk = piece
-        for g in cutlass.range_constexpr(n_rows * chunks_per_row):
-            if next_chunk == g:
-                r, first_col = g // chunks_per_row, (g % chunks_per_row) * CHUNK
-                row_max, row_sum, o = partials.fold_chunk(merger_cta, pieces, tidx, r, r * n_cols + first_col,
-                                                          n_rows, live[r], scale_log2)
-                softmax = OnlineSoftmax(scale_log2, row_max, row_sum)
-                row_scale = softmax.finalize(softmax.row_totals())
-                tile_row = tOcO[r, 0][0]
-                row = rows.row(tile_row)
-                if row >= 0 and row < seq.seqlen_q:
-                    scaled = cute.make_rmem_tensor((CHUNK,), Float32)
-                    for c in cutlass.range_constexpr(CHUNK):
-                        scaled[c] = o[0, c] * row_scale[0]
-                    out = cute.make_rmem_tensor((CHUNK,), self.dtype)
-                    out.store(scaled.load().to(self.dtype))
-                    gRow = self.tile_view(mO, rows.head(tile_row), batch_idx, seq.offset_q)[row, None]
-                    for c in cutlass.range_constexpr(0, CHUNK, 2):
-                        pair = cute.make_rmem_tensor((2,), self.dtype)
-                        pair[0] = out[c]
-                        pair[1] = out[c + 1]
-                        cute.copy(pair_copy, pair, cute.local_tile(gRow, (2,), (tOcO[r, first_col + c][1] // 2,)))
-                    if const_expr(first_col == 0):
-                        if tOcO[0][1] == 0:
-                            self.store_lse_row(row_sum[0], tile_row, mLSE, batch_idx, seq, rows)
-                next_chunk += pieces
+        # A run-time loop over the chunks: unrolled over every chunk of the thread's rows, the
+        # kernel's code grew from 7.8k to 13-15k instructions (hd128), which a decoding call,
+        # whose CTAs run the code once, pays in instruction fetches.
+        for g in cutlass.range(piece, n_rows * chunks_per_row, pieces, unroll=1):
+            r = g // chunks_per_row
+            first_col = (g - r * chunks_per_row) * CHUNK
+            row_live = live[0]
+            for i in cutlass.range_constexpr(1, n_rows):
+                row_live = live[i] if r == i else row_live
+            row_max, row_sum, o = partials.fold_chunk(merger_cta, pieces, tidx, r, r * n_cols + first_col, n_rows,
+                                                      row_live, scale_log2)
+            softmax = OnlineSoftmax(scale_log2, row_max, row_sum)
+            row_scale = softmax.finalize(softmax.row_totals())
+            tile_row = tOcO[r, 0][0]
+            row = rows.row(tile_row)
+            if row >= 0 and row < seq.seqlen_q:
+                scaled = cute.make_rmem_tensor((CHUNK,), Float32)
+                for c in cutlass.range_constexpr(CHUNK):
+                    scaled[c] = o[0, c] * row_scale[0]
+                out = cute.make_rmem_tensor((CHUNK,), self.dtype)
+                out.store(scaled.load().to(self.dtype))
+                gRow = self.tile_view(mO, rows.head(tile_row), batch_idx, seq.offset_q)[row, None]
+                for c in cutlass.range_constexpr(0, CHUNK, 2):
+                    pair = cute.make_rmem_tensor((2,), self.dtype)
+                    pair[0] = out[c]
+                    pair[1] = out[c + 1]
+                    cute.copy(pair_copy, pair, cute.local_tile(gRow, (2,), (tOcO[r, first_col + c][1] // 2,)))
+                if first_col == 0 and tOcO[0][1] == 0:
+                    self.store_lse_row(row_sum[0], tile_row, mLSE, batch_idx, seq, rows)
 
     def o_coords(self, tiled_mma_pv: cute.TiledMma, tidx: Int32) -> cute.Tensor:
         """The (tile row, column) of each of thread ``tidx``'s O accumulator values, as a
