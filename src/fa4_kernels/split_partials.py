@@ -53,7 +53,7 @@ CHUNK = 4
 MERGER_POLL_NS = 32
 MERGER_SPIN_LIMIT = SPIN_LIMIT * 256 // MERGER_POLL_NS  # the same time as other waits before the trap
 # distributed: pieces whose chunks a thread loads before folding any (fold_chunk); 6 registers each.
-PIECES_IN_FLIGHT = 8
+PIECES_IN_FLIGHT = 16
 # distributed merging pays where one merger's fold would read at least this many bytes of
 # partials (``distributes``). Measured (H100, bf16 hd128 KV-cache, 32/8 heads, CUDA-graph us per
 # call, one merger -> every piece folding, with 8 pieces' loads in flight): one query token at
