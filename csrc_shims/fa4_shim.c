@@ -127,7 +127,9 @@ static int32_t check_tensor(const char *name, const fa4_tensor *t, int32_t rank,
 
 /* The split-tail workspace layout of src/fa4_kernels/split_partials.py: 32 semaphore words, then
  * one flag per (CTA, consumer warpgroup); one fp32 slot per CTA of tile_m * (head_dim_v + 8)
- * words (per consumer thread: head_dim_v / 2 O values, 2 row maxima, 2 row sums). */
+ * words (per consumer thread: head_dim_v / 2 O values, 2 row maxima, 2 row sums). Variants that
+ * merge distributed (FA4_SPLIT_DISTRIBUTED) take two counters per CTA in the flags' place, and two
+ * slots per CTA. */
 #define FA4_FLAGS_BASE 32
 
 int32_t fa4_split_workspace(int32_t index, int32_t head_dim_v, int32_t num_sms, int64_t *semaphore_words,
@@ -135,8 +137,9 @@ int32_t fa4_split_workspace(int32_t index, int32_t head_dim_v, int32_t num_sms, 
   if (index < 0 || index >= fa4_variant_count)
     return fail(FA4_ERR_BAD_VARIANT, "no variant with index %d (%d compiled)", index, fa4_variant_count);
   const fa4_variant *variant = &fa4_variants[index];
-  *semaphore_words = FA4_FLAGS_BASE + (int64_t)num_sms * (variant->tile_m / 64);
-  *partial_words = (int64_t)num_sms * variant->tile_m * (head_dim_v + 8);
+  int64_t per_cta = variant->split_tail == FA4_SPLIT_DISTRIBUTED ? 2 : 1;
+  *semaphore_words = FA4_FLAGS_BASE + (int64_t)num_sms * (per_cta == 2 ? 2 : variant->tile_m / 64);
+  *partial_words = per_cta * num_sms * variant->tile_m * (head_dim_v + 8);
   return FA4_OK;
 }
 

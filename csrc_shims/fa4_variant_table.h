@@ -57,6 +57,10 @@ typedef fa4_bwd_post_launch *fa4_bwd_post_fn;
 enum fa4_kernel_kind { FA4_KERNEL_FWD = 0, FA4_KERNEL_BWD = 1, FA4_KERNEL_BWD_PRE = 2, FA4_KERNEL_BWD_POST = 3 };
 enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1 };
 
+/* fa4_variant.split_tail of variants whose split tiles' pieces all fold a share of the tile
+   (src/fa4_kernels/split_partials.py, "distributed"). */
+#define FA4_SPLIT_DISTRIBUTED 2
+
 typedef struct {
   const char *name;
   int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre / bwd_post below is set */
@@ -75,7 +79,9 @@ typedef struct {
   int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;
                      bwd: the padding unit of the LSE/dPsum rows) */
   int32_t tile_n; /* keys per K/V block (bwd: the grid's x covers ceil(seqlen_k / tile_n)) */
-  int32_t split_tail; /* 1: static schedule whose last round may be split (params->tail_ctas) */
+  int32_t split_tail; /* static schedule whose last round may be split (params->tail_ctas): 1, a merger
+                         folds each split tile; FA4_SPLIT_DISTRIBUTED, every piece folds a share
+                         (fa4_split_workspace) */
   int32_t cluster;    /* CTAs per cluster: 1, or 2 for the backward's "long" family */
   /* A clustered variant's 1-CTA twin (its key with regular tiles; results do not depend on which
      runs: the clusters share read-only multicast loads only), launched instead where the device

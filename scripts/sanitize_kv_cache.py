@@ -3,7 +3,8 @@ decoding with the split K/V range (pieces scaled onto short sequences, empty one
 paged (16-, 48- and 64-row pages) and contiguous caches, appended rows written by the consumers
 and read by the producer's TMA after the KV_APPEND barrier, causal chunks of queries (static
 schedule, split like a decoding step) with appends, explicit split counts, a local window
-(dynamic schedule), and page ids past the cache (clamped: no access outside it).
+(dynamic schedule), page ids past the cache (clamped: no access outside it), and verification
+tiles whose pieces all merge.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_kv_cache.py
 """
@@ -37,5 +38,11 @@ index = torch.tensor([3, 0, 1], dtype=torch.int32, device=dev)
 new = torch.randn(b, 1, hkv, d, device=dev, dtype=bf16)
 fa4.attention_with_kvcache(q1, k, v, lengths, k_new=new, v_new=new, cache_batch_idx=index)
 fa4.attention_with_kvcache(q1, k, v, lengths, cache_batch_idx=index, window=(200, 0), causal=False, softcap=10.0)
+# Verification of 8 tokens over 4 tiles: each split 16 ways, every piece folding a share of the
+# partials (split_partials.distributes), twice (the tile counters reset for the next launch).
+q8 = torch.randn(1, 8, hq, d, device=dev, dtype=bf16)
+new8 = torch.randn(1, 8, hkv, d, device=dev, dtype=bf16)
+for _ in range(2):
+    fa4.attention_with_kvcache(q8, k[:1], v[:1], lengths[2:].clone(), k_new=new8, v_new=new8)
 torch.cuda.synchronize()
 print("kv-cache sanitizer runs done")

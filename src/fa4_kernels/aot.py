@@ -182,6 +182,7 @@ def _compile_fwd(key: catalog.VariantKey):
         tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages, is_varlen=key.varlen,
         pv_wait=cfg.pv_wait, rescale_threshold=cfg.rescale_threshold,
         o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, merge_helpers=cfg.merge_helpers, merge_pairs=cfg.merge_pairs,
+        distributed_merge=cfg.distributed_merge,
         pdl=cfg.pdl, few_rows_from_registers=cfg.few_rows_from_registers,
         skip_dead_blocks=cfg.skip_dead_blocks,
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
@@ -565,7 +566,8 @@ def generate_table(keys) -> str:
         out.append(f"FA4_HIDDEN fa4_init_launch {n}_init;\nFA4_HIDDEN fa4_load_launch {n}_load;\n"
                    f"FA4_HIDDEN fa4_{key.kernel}_launch {n}_{key.kernel};")
         cfg = heuristics.kernel_config(key)
-        split_tail = int(getattr(cfg, "split_tail", False))
+        # fa4_variant.split_tail: 0, 1 (a merger per split tile) or FA4_SPLIT_DISTRIBUTED (2).
+        split_tail = 0 if not getattr(cfg, "split_tail", False) else 2 if cfg.distributed_merge else 1
         # The row's launchers, in fa4_variant's order (fwd, bwd, bwd_pre, bwd_post): this kind's set.
         launch = ", ".join(f"{n}_{kind}" if kind == key.kernel else "NULL" for kind in catalog.KERNELS)
         kind = {"fwd": "FA4_KERNEL_FWD", "bwd": "FA4_KERNEL_BWD", "bwd_pre": "FA4_KERNEL_BWD_PRE",

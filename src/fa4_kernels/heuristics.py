@@ -59,6 +59,11 @@ class FwdConfig:
     # folding either, one round of load latency for two (merge_pairs_fit).
     merge_helpers: bool = False
     merge_pairs: bool = False
+    # Every piece of a split tile folds a share of the tile's partials and stores that share of
+    # O (split_partials, "distributed"), instead of one merger folding them all: KV-cache
+    # variants up to head_dim_v 128 (kv_cache_fwd_config), in the launches that
+    # split_partials.distributes picks (speculative verification of 8 tokens and more).
+    distributed_merge: bool = False
     # Launched with programmatic dependent launch (sm90/fwd.py: griddepcontrol.wait before any
     # global access, then launch_dependents): the CTAs' launch and setup overlap the previous
     # kernel's end. KV-cache variants, whose decoding calls take microseconds. Measured (H200, bf16
@@ -252,13 +257,18 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     # Every window is scheduled statically with the split tail (sm90/fwd.py): decoding and
     # speculative verification's few tiles then spread over the GPU, and a window's tiles are of
     # equal length anyway. The split's tiles store their LSE rows as the unmasked kernels do (the
-    # bulk copy is the dynamic ones'). hd192x192 and hd256 rebuild the static schedule per tile:
-    # held, it spilled their consumers with the window's values beside it (hd256 with softcap 37
-    # words, hd192x192's causal kernel before this one 17; read off each variant's SASS, with the
-    # one-warpgroup register split of sm90/fwd.py).
+    # bulk copy is the dynamic ones'). Every head dim rebuilds the static schedule per tile:
+    # held, it spilled the consumers with the window's values beside it (hd256 with softcap 37
+    # words, hd192x192's causal kernel before this one 17), and at hd128 beside the two merges of
+    # distributed_merge (37 words; read off each variant's SASS, with the one-warpgroup register
+    # split of sm90/fwd.py). A decoding CTA runs one or two tiles.
     cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=key.head_dim_v >= 192,
                   epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=True, lse_bulk_store=False)
-    cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key), pdl=True)
+    # distributed_merge: split_partials.distributes picks the launches whose tiles merge that way
+    # (the measurements are there); the others keep the merger. Not above head_dim_v 128: with
+    # both merges in the kernel, hd192x192 spilled 8-14 words and hd256 18-20 (sass_report).
+    cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key), pdl=True,
+                  distributed_merge=key.head_dim_v <= 128)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     return replace(cfg, few_rows_from_registers=few_rows_fit(cfg, key))
 

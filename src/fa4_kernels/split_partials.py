@@ -8,6 +8,14 @@ the larger row max and add (the lanes of a warp whose rows hold no query may hel
 The merged state then goes through the usual finalize/epilogue. Rows that hold no query (most
 of a decoding tile) are neither stored nor loaded.
 
+Distributed merging (FwdConfig.distributed_merge: KV-cache variants, where speculative
+verification splits each of a few tiles of many rows into many pieces; ``distributes`` picks the
+launches) has no single merger. Every piece stores its partial and counts itself in at the
+tile's arrival counter; once all have, each piece folds every partial's words of its own share
+of the tile's (row, chunk) items and stores those outputs itself. One merger folding an 8-token
+verification tile's 15 partials (32 rows each, 246 KB) took 4 us of a 15 us call: about one
+SM's share of the L2's bandwidth.
+
 Workspace layout (the ABI with csrc_shims/fa4_shim.c, fa4_split_workspace):
   semaphores (int32): word 0 the dynamic scheduler's tile counter; from FLAGS_BASE one flag per
       (CTA slot, consumer warpgroup), zero at launch and zero again when the kernel ends (each
@@ -18,6 +26,11 @@ Workspace layout (the ABI with csrc_shims/fa4_shim.c, fa4_split_workspace):
       t is word w % CHUNK of chunk (w // CHUNK) * threads + t. A thread stores and loads its words
       by 128-bit accesses, and a warp's access to one chunk index covers 512 contiguous bytes
       (a decoding tile's live quad, lanes 0-3: 64 contiguous bytes).
+  distributed: the flags' words hold two counters per split tile instead, arrivals and
+      departures, at FLAGS_BASE + 2 * (the CTA holding the tile's block 0), zero at launch and
+      reset by the tile's last piece to depart; and two partial slots per CTA, 2 * cta for its
+      first piece (one that misses block 0) and 2 * cta + 1 for its last (the one holding
+      block 0): a CTA whose share straddles two tiles has a piece of each.
 """
 from dataclasses import dataclass
 
@@ -39,6 +52,29 @@ CHUNK = 4
 # that much to a decoding step's ~12 us.
 MERGER_POLL_NS = 32
 MERGER_SPIN_LIMIT = SPIN_LIMIT * 256 // MERGER_POLL_NS  # the same time as other waits before the trap
+# distributed: pieces whose chunks a thread loads before folding any (fold_chunk); 6 registers each.
+# One H100, the hybrid rule below, CUDA-graph us per call, 8 in flight / 16 (one round trip for a
+# 16-way split), same call: 8 tokens at 1 x 4k 11.0 / 11.6-11.9, 1 x 32k 52.3 / 52.7-53.0; one
+# token 12.0 / 11.1-11.9 (the merger's path, within its noise): 8, the fewer registers.
+PIECES_IN_FLIGHT = 8
+# distributed merging pays where one merger's fold would read at least this many bytes of
+# partials (``distributes``). Measured (H100, bf16 hd128 KV-cache, 32/8 heads, CUDA-graph us per
+# call, one merger -> every piece folding in every launch, session 51): one query token at
+# 1 x 4k (15 partials of 4 rows: 31 KB) 11.3 -> 12.7, 4 tokens (123 KB) 12.1 -> 12.5, 8 tokens
+# (246 KB) 15.3 -> 12.9; at 1 x 32k 52.6 -> 53.4, 53.5 -> 53.9, 55.7 -> 54.8; 8 x 32k (one
+# partial of 4-32 rows a tile) 354.5 -> 362.9-374.8. Every piece waits for the slowest and pays
+# its round trips, where a writer of the merger's scheme stores and leaves. With this rule (the
+# run-time item loop, session 52, one H100, same call, base -> rule): 8 tokens at 1 x 4k 14.1 ->
+# 11.0-11.9 (one token 11.2-11.8), 1 x 32k 55.6-56.3 -> 52.3-53.0; one and 4 tokens, 8 x 32k within
+# the runs' spread (+-0.8 us at 1 x 4k).
+DISTRIBUTED_MIN_BYTES = 192 * 1024
+
+
+def distributes(ctas, tail_tiles, live_rows, head_dim_v):
+    """Does a launch merge its split tiles distributed? ``ctas`` share the ``tail_tiles`` split
+    tiles, each of ``live_rows`` rows that hold a query: the launch's choice is the same for every
+    tile (the counters take the flags' words). Python ints (CPU tests) or the kernel's Int32."""
+    return (ctas // tail_tiles - 1) * live_rows * head_dim_v * 4 >= DISTRIBUTED_MIN_BYTES
 
 
 def partial_words_per_thread(head_dim_v: int) -> int:
@@ -97,12 +133,24 @@ class SplitPartials:
     def flag_ptr(self, slot: Int32, wg: Int32):
         return self.semaphores.iterator + (FLAGS_BASE + slot * self.num_wg + wg)
 
+    @staticmethod
+    def piece_slot(merger_cta, piece):
+        """distributed: the slot of a split tile's ``piece``-th piece (0: the one holding block 0,
+        the last piece of CTA ``merger_cta``; piece i > 0: the first piece of CTA merger_cta + i)."""
+        return 2 * (merger_cta + piece) + 1 - cutlass.min(piece, 1)
+
+    def tile_counter(self, merger_cta: Int32, departures: int):
+        """distributed: the arrival (0) or departure (1) counter of the split tile whose block 0
+        CTA ``merger_cta`` holds."""
+        return self.semaphores.iterator + (FLAGS_BASE + 2 * merger_cta + departures)
+
     @cute.jit
     def store(self, slot: Int32, wg: Int32, tidx: Int32, acc_O: cute.Tensor, row_max: cute.Tensor,
-              row_sum: cute.Tensor, live: tuple, barrier_id: Int32):
+              row_sum: cute.Tensor, live: tuple, barrier_id: Int32, arrivals=None):
         """Writer: store this thread's state in ``slot`` (rows whose ``live`` flag is false hold
         no query and are skipped: most of a decoding tile's rows), then, once the whole warpgroup
-        has, raise the warpgroup's flag with release semantics."""
+        has, raise the warpgroup's flag with release semantics (distributed: add one to the
+        tile's ``arrivals`` counter instead)."""
         o = rows_cols_view(acc_O)
         rows, cols = cute.size(o, mode=[0]), cute.size(o, mode=[1])
         self.check_shape(rows, cols)
@@ -120,7 +168,75 @@ class SplitPartials:
             # The barrier orders the warpgroup's stores before this thread's fence; the fence
             # makes them visible at GPU scope before the flag (cumulativity).
             cute.arch.fence_acq_rel_gpu()
-            cute.arch.store(self.flag_ptr(slot, wg), Int32(1), sem="relaxed", scope="gpu")
+            if const_expr(arrivals is not None):
+                cute.arch.atomic_add(arrivals, Int32(1), sem="relaxed", scope="gpu")
+            else:
+                cute.arch.store(self.flag_ptr(slot, wg), Int32(1), sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def wait_arrivals(self, merger_cta: Int32, pieces: Int32, tidx: Int32, barrier_id: Int32) -> Int32:
+        """distributed: wait until all ``pieces`` pieces of the tile have stored their partials,
+        and count this one out at the departure counter; the last to leave resets both counters
+        for the next launch (every piece has seen the arrivals complete by then). Returns, on
+        the warpgroup's first thread, the departures before this one, for ``reset_counters``
+        (issued here, read after the merge: the atomic's round trip stays off the way)."""
+        departed = Int32(0)
+        if tidx % 128 == 0:
+            arrivals = self.tile_counter(merger_cta, 0)
+            polls = Int32(0)
+            while cute.arch.load(arrivals, Int32, sem="acquire", scope="gpu") < pieces:
+                nanosleep(MERGER_POLL_NS)
+                polls += 1
+                if polls == MERGER_SPIN_LIMIT:
+                    trap()
+            departed = cute.arch.atomic_add(self.tile_counter(merger_cta, 1), Int32(1), sem="relaxed", scope="gpu")
+        # The acquire, then the barrier: every partial's words are visible to all threads.
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
+        return departed
+
+    @cute.jit
+    def reset_counters(self, merger_cta: Int32, pieces: Int32, tidx: Int32, departed: Int32):
+        """distributed: the tile's last piece to depart (``wait_arrivals``' count) zeroes its
+        counters."""
+        if tidx % 128 == 0:
+            if departed == pieces - 1:
+                cute.arch.store(self.tile_counter(merger_cta, 0), Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.store(self.tile_counter(merger_cta, 1), Int32(0), sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def fold_chunk(self, merger_cta: Int32, pieces: Int32, tidx: Int32, r: Int32, first_word: Int32,
+                   rows: cutlass.Constexpr[int], live, scale_log2: Float32):
+        """distributed: fold words first_word .. first_word + CHUNK - 1 (a chunk of accumulator
+        row ``r`` of ``rows``) of thread ``tidx``'s partial in every piece of the tile, as
+        ``merge`` folds whole states. Returns (row max, the thread's row sum, the CHUNK O words)
+        as a (1,) / (1,) / (1, CHUNK) state; a row that holds no query (``live`` false) loads
+        nothing and returns the empty state. The pieces go in groups of PIECES_IN_FLIGHT whose loads
+        are all issued before the first fold (past the last piece, the last one again, folded with
+        weight 0): a loop that could exit between pieces issued each piece's loads only after the
+        previous fold, one round trip to L2 per piece."""
+        row_max = cute.make_rmem_tensor((1,), Float32)
+        row_sum = cute.make_rmem_tensor((1,), Float32)
+        o = cute.make_rmem_tensor((1, CHUNK), Float32)
+        row_max[0] = -Float32.inf
+        row_sum[0] = Float32(0.0)
+        for c in cutlass.range_constexpr(CHUNK):
+            o[0, c] = Float32(0.0)
+        count = pieces if live else Int32(0)
+        for first in cutlass.range(0, count, PIECES_IN_FLIGHT, unroll=1):
+            stats, words = [], []
+            for k in cutlass.range_constexpr(PIECES_IN_FLIGHT):
+                slot = self.piece_slot(merger_cta, cutlass.min(first + k, count - 1))
+                stats.append(self.load_words(slot, self.words - 2 * rows, 2 * rows, tidx))
+                words.append(self.load_words(slot, first_word, CHUNK, tidx))
+            for k in cutlass.range_constexpr(PIECES_IN_FLIGHT):
+                # Row r's statistics (r is a run-time value: selected, not indexed).
+                their_max, their_sum = stats[k][0], stats[k][rows]
+                for i in cutlass.range_constexpr(1, rows):
+                    their_max = stats[k][i] if r == i else their_max
+                    their_sum = stats[k][rows + i] if r == i else their_sum
+                their_max = their_max if first + k < count else -Float32.inf
+                fold_row(o, row_max, row_sum, 0, scale_log2, their_max, their_sum, lambda c, k=k: words[k][c])
+        return row_max, row_sum, o
 
     @cute.jit
     def wait(self, first_slot: Int32, count: Int32, wg: Int32, tidx: Int32, barrier_id: Int32):

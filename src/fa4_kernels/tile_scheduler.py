@@ -158,6 +158,11 @@ class SplitTail:
         return in_long * (unit // (per_cta + 1)) + (1 - in_long) * (
             extra + cutlass.max(unit - long_units, 0) // cutlass.max(per_cta, 1))
 
+    def first_piece_merger(self):
+        """The CTA holding block 0 of the tile of this CTA's first piece: where a writing piece
+        (always its share's first) belongs, the tile's first CTA."""
+        return self.owner(self.first_tile * self.n_blocks)
+
     def writers(self, cta):
         """For ``cta``'s merging piece (its last, cut at its share's end): how many CTAs after
         it hold the rest of that tile, each as a written partial (their first pieces)."""

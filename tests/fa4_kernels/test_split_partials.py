@@ -31,3 +31,38 @@ def test_a_warps_chunks_are_contiguous():
     for slot, w, warp in [(0, 0, 0), (5, 64, 3), (2, 32, 7)]:
         firsts = [chunk_index(slot, w, warp * 32 + lane, words, threads) for lane in range(32)]
         assert firsts == list(range(firsts[0], firsts[0] + 32))
+
+
+def test_distributed_merging_where_one_merger_would_read_much():
+    from fa4_kernels.split_partials import distributes
+    # (CTAs sharing the tail, split tiles, rows holding a query, head_dim_v): the H100 cases
+    # split_partials.DISTRIBUTED_MIN_BYTES was set from (bf16 hd128 KV cache, 32/8 heads).
+    assert not distributes(128, 8, 4, 128)  # one token at 1 x 4k / 1 x 32k: 16 pieces of 4 rows
+    assert not distributes(128, 8, 16, 128)  # 4 tokens
+    assert distributes(128, 8, 32, 128)  # 8 tokens
+    assert not distributes(128, 64, 32, 128)  # 8 x 32k: 2 pieces a tile
+
+
+# tests/gpu/test_kv_cache_gpu.py::test_verification_merged_by_every_piece's launches:
+# (heads_q, heads_kv, seqlen_q, cache capacity, head_dim, head_dim_v).
+DISTRIBUTED_GPU_SHAPES = [(32, 8, 8, 6144, 128, 128), (16, 2, 16, 4096, 64, 64), (8, 2, 8, 4096, 192, 128)]
+
+
+@pytest.mark.parametrize("shape", DISTRIBUTED_GPU_SHAPES)
+def test_the_gpu_tests_distributed_shapes_merge_distributed(shape):
+    """The GPU test of distributed merging must take that path on a 132-SM Hopper: the launch's
+    tiles and split as the host computes them (fa4.heuristics, the native rules), then the rule."""
+    from fa4.heuristics import pack_gqa_factor, split_tail_ctas
+    from fa4_kernels import catalog
+    from fa4_kernels.heuristics import kv_cache_fwd_config
+    from fa4_kernels.split_partials import distributes
+    hq, hkv, sq, capacity, d, dv = shape
+    (mask,) = catalog.KV_CACHE_MASKS
+    cfg = kv_cache_fwd_config(catalog.VariantKey("sm_90a", "bf16", d, dv, mask, False, kv_cache=True))
+    assert cfg.distributed_merge
+    pack = pack_gqa_factor(hq, hkv, sq, cfg.tile_m)
+    block_rows = cfg.tile_m // pack
+    tiles = (hq // pack) * -(-sq // block_rows)
+    ctas = split_tail_ctas(tiles, 132, -(-capacity // cfg.tile_n), dv)
+    assert ctas > tiles
+    assert distributes(ctas, tiles, min(sq, block_rows) * pack, dv)

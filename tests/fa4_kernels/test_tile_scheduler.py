@@ -100,6 +100,36 @@ def test_split_tail_covers_every_unit_once_with_one_merger_per_split_tile():
             assert list(range(cta + 1, cta + 1 + split.writers(cta))) == sorted(writers[tile])
 
 
+def test_distributed_merge_pieces_agree_on_their_tile_and_own_distinct_slots():
+    """split_partials' distributed merging, as the kernel computes it per piece: the tile's block-0
+    CTA (``first_piece_merger`` for a writing piece), the piece count (its writers + 1) and the
+    piece's index. Every piece of a tile must agree on the first two and hold a distinct index,
+    the indices must be the CTAs from the block-0 one on, and no two pieces of a launch may share
+    a partial slot (2 per CTA) or a pair of counters (one per block-0 CTA)."""
+    from fa4_kernels.split_partials import SplitPartials
+    for num_tiles, grid, n_blocks, tail_ctas in cases():
+        split = SplitTail(num_tiles, grid, n_blocks, tail_ctas)
+        tiles, slots = {}, set()
+        for cta in range(split.ctas):
+            share = split.for_cta(cta)
+            for tile, lo, hi, role in pieces_of(split, cta):
+                if role == WHOLE:
+                    continue
+                merger = cta if role == MERGER else share.first_piece_merger()
+                pieces, piece = split.writers(merger) + 1, cta - merger
+                assert 0 <= piece < pieces and (piece == 0) == (role == MERGER)
+                tiles.setdefault(tile, []).append((merger, pieces, piece))
+                slot = SplitPartials.piece_slot(merger, piece)
+                assert 0 <= slot < 2 * grid and slot not in slots
+                slots.add(slot)
+        mergers = [entries[0][0] for entries in tiles.values()]
+        assert len(set(mergers)) == len(mergers)  # one pair of counters per split tile
+        for entries in tiles.values():
+            merger, pieces, _ = entries[0]
+            assert all((m, p) == (merger, pieces) for m, p, _ in entries)
+            assert sorted(i for _, _, i in entries) == list(range(pieces))
+
+
 def test_no_split_without_tail_or_request():
     assert SplitTail(264, 132, 32, 132).ctas == 0  # full rounds only
     assert SplitTail(2048, 132, 32, 0).ctas == 0

@@ -190,6 +190,22 @@ def test_explicit_split_counts(num_splits):
     assert launch["tail_ctas"] == (0 if num_splits == 1 else 8 * min(num_splits, sms // 8)), launch
 
 
+# (b, sq, hq, hkv, d, dv, lengths, capacity) whose split tiles every piece merges: a single merger
+# would fold >= split_partials.DISTRIBUTED_MIN_BYTES of partials (speculative verification of 8-16
+# tokens over few tiles). tests/fa4_kernels/test_split_partials.py checks that they take that path.
+DISTRIBUTED_SHAPES = [(1, 8, 32, 8, 128, 128, [2900], 6144), (1, 16, 16, 2, 64, 64, [3001], 4096),
+                      (1, 8, 8, 2, 192, 128, [4000], 4096)]
+
+
+@pytest.mark.parametrize("shape", DISTRIBUTED_SHAPES)
+@pytest.mark.parametrize("page_size", [None, 64])
+def test_verification_merged_by_every_piece(shape, page_size):
+    b, sq, hq, hkv, d, dv, lengths, capacity = shape
+    run(b, sq, hq, hkv, d, dv, lengths, sq, page_size, capacity)
+    # A second call in a row: the tile counters were left at zero for it.
+    run(b, sq, hq, hkv, d, dv, lengths, 0, page_size, capacity, seed=1)
+
+
 @pytest.mark.parametrize("num_splits", [0, 3, 40])
 @pytest.mark.parametrize("window", [(300, 0), (1000, 64)])
 def test_window_splits(window, num_splits):

@@ -59,12 +59,13 @@ from fa4_kernels.score_mod import TENSOR_KINDS, ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
-from fa4_kernels.split_partials import SplitPartials, partial_words_per_thread
+from fa4_kernels.split_partials import CHUNK, SplitPartials, distributes, partial_words_per_thread
 from fa4_kernels.stamps import TILE_END, Stamps
 from fa4_kernels.trace import FLAG_DEALT, FLAG_DYNAMIC, FLAG_SPLIT_MERGER, FLAG_SPLIT_WRITER, TileTrace, deal_round_robin
 from fa4_kernels.tile_scheduler import (
     MERGER,
     UNBOUNDED_BLOCKS,
+    WHOLE,
     WRITER,
     SplitTail,
     StaticPersistentScheduler,
@@ -111,6 +112,7 @@ class FlashAttentionForwardSm90:
         split_tail: bool = False,
         merge_helpers: bool = False,
         merge_pairs: bool = False,
+        distributed_merge: bool = False,
         pdl: bool = False,
         few_rows_from_registers: bool = False,
         skip_dead_blocks: bool = False,
@@ -178,6 +180,9 @@ class FlashAttentionForwardSm90:
         self.split_tail = split_tail
         self.merge_helpers = merge_helpers  # split_partials.SplitPartials.helpers
         self.merge_pairs = merge_pairs  # split_partials.SplitPartials.pairs
+        # Every piece of a split tile folds and stores a share of it (split_partials, "distributed").
+        self.distributed_merge = distributed_merge
+        assert not distributed_merge or (split_tail and kv_cache), "distributed merging: KV-cache split tails"
         self.pdl = pdl  # FwdConfig.pdl: launched with programmatic dependent launch
         # The roles wait for the previous grid after their first tile's schedule arithmetic
         # (wait_previous_grid), which must then read no global memory: the static schedule.
@@ -902,6 +907,14 @@ class FlashAttentionForwardSm90:
         cursor = self.first_cursor(scheduler)
         handoffs = Int32(0)
         handoffs_o = Int32(0)
+        distributed_launch = False
+        if const_expr(self.distributed_merge):
+            # The launch's choice (uniform: the counters take the flags' words), made once: its
+            # inputs held across the tile loop spilled the schedule's values (hd128, 37 words).
+            tail = scheduler.split
+            distributed_launch = distributes(tail.ctas, tail.units // tail.n_blocks,
+                                             cutlass.min(seqlen_q, block_rows(self.tile_m, pack_gqa)) * pack_gqa,
+                                             self.head_dim_v)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
         self.wait_previous_grid()
         while valid:
@@ -1137,7 +1150,27 @@ class FlashAttentionForwardSm90:
                         end_flags = Int32(FLAG_SPLIT_WRITER)
                     elif role == MERGER:
                         end_flags = Int32(FLAG_SPLIT_MERGER)
-                if role == WRITER:
+                distributed = False
+                if const_expr(self.distributed_merge):
+                    distributed = role != WHOLE and distributed_launch
+                if distributed:
+                    # Every piece stores its partial, waits for the others', then folds and stores
+                    # its share of the tile.
+                    merger_cta = cta if role == MERGER else split.first_piece_merger()
+                    pieces = split.writers(merger_cta) + 1
+                    live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
+                    partials.store(partials.piece_slot(merger_cta, cta - merger_cta), wg_idx, tidx, acc_O,
+                                   softmax.row_max, softmax.row_sum, live, sync_id,
+                                   arrivals=partials.tile_counter(merger_cta, 0))
+                    departed = partials.wait_arrivals(merger_cta, pieces, tidx, sync_id)
+                    if const_expr(self.trace):
+                        tracer.mark(trace_slot, "partials_ready_lo")
+                    self.merge_share(partials, merger_cta, pieces, cta - merger_cta, tidx, tiled_mma_pv, mO, mLSE,
+                                     batch_idx, seq, rows, softmax.scale_log2)
+                    if const_expr(self.trace):
+                        tracer.mark(trace_slot, "merged_lo")
+                    partials.reset_counters(merger_cta, pieces, tidx, departed)
+                elif role == WRITER:
                     live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
                     partials.store(cta, wg_idx, tidx, acc_O, softmax.row_max, softmax.row_sum, live, sync_id)
                 else:
@@ -1192,6 +1225,57 @@ class FlashAttentionForwardSm90:
             tile_stamp(5)
         self.epilogue(acc_O, softmax.row_sum, mO, tma_O, mLSE, sO, sO_parts, sLSE, tma_atom_O, tiled_mma_pv, tidx,
                       batch_idx, seq, rows, o_free_mbar, tile_stamp)
+
+    @cute.jit
+    def merge_share(self, partials: SplitPartials, merger_cta: Int32, pieces: Int32, piece: Int32, tidx: Int32,
+                    tiled_mma_pv: cute.TiledMma, mO: cute.Tensor, mLSE: cute.Tensor, batch_idx: Int32,
+                    seq: SeqlenInfo, rows: TileRows, scale_log2: Float32):
+        """Distributed merging: this piece's share of its split tile. Each of a thread's
+        accumulator rows is cut into chunks (split_partials.CHUNK columns); chunk g of them all
+        (g = row * chunks per row + chunk) goes to piece g mod pieces, whose thread tidx folds
+        that chunk of thread tidx's partial in every piece and stores its columns, normalised as
+        finish_tile does, and the row's LSE with the row's first chunk. A quad's four threads take
+        the same chunk of one row: their row sums add up by shuffles. ``g`` is uniform across the
+        CTA, so every lane reaches the shuffles."""
+        # The per-thread addresses below are the same for every tile: an opaque per-tile zero keeps
+        # LLVM from computing them before the tile loop and holding them across it (spilled 37
+        # words beside the merger's path, as in ``epilogue``).
+        tidx = tidx + loop_bound_zero(rows.first_row)
+        tOcO = self.o_coords(tiled_mma_pv, tidx)
+        live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
+        n_rows, n_cols = cute.size(tOcO, mode=[0]), cute.size(tOcO, mode=[1])
+        chunks_per_row = n_cols // CHUNK
+        pair_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                        num_bits_per_copy=2 * self.dtype.width)
+        # A run-time loop over the chunks: unrolled over every chunk of the thread's rows, the
+        # kernel's code grew from 7.8k to 13-15k instructions (hd128), which a decoding call,
+        # whose CTAs run the code once, pays in instruction fetches.
+        for g in cutlass.range(piece, n_rows * chunks_per_row, pieces, unroll=1):
+            r = g // chunks_per_row
+            first_col = (g - r * chunks_per_row) * CHUNK
+            row_live = live[0]
+            for i in cutlass.range_constexpr(1, n_rows):
+                row_live = live[i] if r == i else row_live
+            row_max, row_sum, o = partials.fold_chunk(merger_cta, pieces, tidx, r, r * n_cols + first_col, n_rows,
+                                                      row_live, scale_log2)
+            softmax = OnlineSoftmax(scale_log2, row_max, row_sum)
+            row_scale = softmax.finalize(softmax.row_totals())
+            tile_row = tOcO[r, 0][0]
+            row = rows.row(tile_row)
+            if row >= 0 and row < seq.seqlen_q:
+                scaled = cute.make_rmem_tensor((CHUNK,), Float32)
+                for c in cutlass.range_constexpr(CHUNK):
+                    scaled[c] = o[0, c] * row_scale[0]
+                out = cute.make_rmem_tensor((CHUNK,), self.dtype)
+                out.store(scaled.load().to(self.dtype))
+                gRow = self.tile_view(mO, rows.head(tile_row), batch_idx, seq.offset_q)[row, None]
+                for c in cutlass.range_constexpr(0, CHUNK, 2):
+                    pair = cute.make_rmem_tensor((2,), self.dtype)
+                    pair[0] = out[c]
+                    pair[1] = out[c + 1]
+                    cute.copy(pair_copy, pair, cute.local_tile(gRow, (2,), (tOcO[r, first_col + c][1] // 2,)))
+                if first_col == 0 and tOcO[0][1] == 0:
+                    self.store_lse_row(row_sum[0], tile_row, mLSE, batch_idx, seq, rows)
 
     def o_coords(self, tiled_mma_pv: cute.TiledMma, tidx: Int32) -> cute.Tensor:
         """The (tile row, column) of each of thread ``tidx``'s O accumulator values, as a
@@ -1740,10 +1824,17 @@ class FlashAttentionForwardSm90:
         for r in cutlass.range_constexpr(cute.size(lse)):
             row = rows.row(tOcO[r, 0][0])
             if row >= 0 and row < seq.seqlen_q:
-                if const_expr(self.is_varlen):
-                    mLSE[seq.offset_q + row, rows.head(tOcO[r, 0][0]), 0] = lse[r]
-                else:
-                    mLSE[row, rows.head(tOcO[r, 0][0]), batch_idx] = lse[r]
+                self.store_lse_row(lse[r], tOcO[r, 0][0], mLSE, batch_idx, seq, rows)
+
+    @cute.jit
+    def store_lse_row(self, lse: Float32, tile_row: Int32, mLSE: cute.Tensor, batch_idx: Int32, seq: SeqlenInfo,
+                      rows: TileRows):
+        """The LSE of tile row ``tile_row`` (a row of the sequence: the caller checks)."""
+        row = rows.row(tile_row)
+        if const_expr(self.is_varlen):
+            mLSE[seq.offset_q + row, rows.head(tile_row), 0] = lse
+        else:
+            mLSE[row, rows.head(tile_row), batch_idx] = lse
 
     @cute.jit
     def release_o_buffer(self, o_free_mbar: cute.Pointer):
