@@ -10,6 +10,7 @@
     python -m fa4.bench --flex-score          # in-kernel score_mods (alibi, relative bias, bias tensor) + causal
     python -m fa4.bench --context-parallel    # ring attention over every visible GPU, fa4 vs cuDNN (bench_cp)
     python -m fa4.bench --sweep               # every run-time strategy per shape vs the automatic one (bench_sweep)
+    python -m fa4.bench --backward --providers fa4,cuDNN,FA4up   # upstream FlashAttention-4 too (flash_attn.cute)
 
 Setup: bf16, 16k tokens per batch (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / head_dim),
 causal and not. TFLOP/s = 2 * batch * heads * seqlen^2 * (head_dim + head_dim_v) / time, halved
@@ -136,6 +137,21 @@ def make_inputs(batch, seqlen, heads, head_dim, dtype, copies, layout, head_dim_
     return [tuple(one(d) for d in dims) for _ in range(copies)]
 
 
+def upstream_fa4(causal: bool):
+    """Upstream FlashAttention-4 (``flash_attn.cute``, CuTe DSL compiled at the first call of each
+    configuration) as a (B, H, S, D) provider with autograd, or None where it does not import
+    (the DSL is not a dependency: ../shared/ANCHORS.md says how to stage it on the GPU machine)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # not installed, or its DSL does not load here
+        return None
+
+    def fn(q, k, v):
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    return fn
+
+
 def providers(causal: bool, flex: bool, fa3: bool = False):
     def fa4_fn(q, k, v):
         return fa4.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
@@ -147,6 +163,9 @@ def providers(causal: bool, flex: bool, fa3: bool = False):
         return fn
 
     out = {"fa4": fa4_fn, "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION), "FA2": sdpa(SDPBackend.FLASH_ATTENTION)}
+    upstream = upstream_fa4(causal)
+    if upstream is not None:
+        out["FA4up"] = upstream
     if fa3:  # FlashAttention-3 (peers/fa3), loaded by main from --fa3-lib
         from fa4 import bench_fa3
 
@@ -202,7 +221,7 @@ def bench_backward(args, dtype) -> list:
     alone (2.5x), every provider on its own inputs; rows for the summary table."""
     # fa4's deterministic mode ("fa4det") runs unless --providers names a set without it.
     asked = args.providers.split(",")
-    names = [n for n in asked if n in ("fa4", "cuDNN", "FA2")]
+    names = [n for n in asked if n in ("fa4", "cuDNN", "FA2", "FA4up")]
     if "fa4det" in asked or args.providers == DEFAULT_PROVIDERS:
         names.append("fa4det")
     rows = []
@@ -652,7 +671,8 @@ def main(argv=None):
                          "tensor) with a causal mask")
     ap.add_argument("--providers", default=DEFAULT_PROVIDERS,
                     help="comma-separated subset to time (the backward adds fa4det, fa4's deterministic mode, "
-                         "unless a set without it is given)")
+                         "unless a set without it is given); FA4up: upstream FlashAttention-4 where flash_attn.cute "
+                         "imports")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
     ap.add_argument("--gqa-decode", action="store_true",
@@ -770,7 +790,7 @@ def main(argv=None):
         bench_gqa_decode(args, dtype)
     if args.gemm:
         bench_gemm_ceiling(args, dtype)
-    peers = [n for n in ("cuDNN", "FA3", "FA2", "Flex") if n in names and "fa4" in names]
+    peers = [n for n in ("cuDNN", "FA4up", "FA3", "FA2", "Flex") if n in names and "fa4" in names]
     header = "| head_dim | seqlen | causal | " + " | ".join(names) + "".join(f" | fa4/{p}" for p in peers) + " |"
     print("\n" + header)
     print("|" + "---|" * (header.count("|") - 1))
