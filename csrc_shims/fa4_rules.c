@@ -424,22 +424,19 @@ int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t determin
 
 /* The backward's "long" family (hd256: 2-CTA clusters sharing each Q/dO tile,
  * fa4_kernels.heuristics.BwdConfig.cluster_n; built as the window kernel, which serves causal
- * calls) for causal calls of dense batches from BWD_CLUSTER_MIN_K keys on; never with deterministic
- * turns (the pair walks one query order) nor for true windows (the pair's union of query blocks
- * costs a window's CTAs a block each). One H200, bf16 16k tokens (32k: one sequence), hidden 2048,
- * fwd+bwd TFLOP/s, three rounds in one process (scripts/bwd_ab.py), 1 CTA -> clusters: causal 2k
- * 422 -> 398 (0.94), 4k 484 -> 463 (0.96), 8k 514 -> 519 (1.01), 16k 531 -> 549 (1.03), 32k 520 ->
- * 537 (1.03); without a mask (no kernel built) 0.83 / 0.99 / 0.99 / 0.99 / 1.00. A second call:
- * causal 4k / 8k / 16k / 32k 0.95 / 1.00 / 1.03 / 1.04, and at hidden 4096 (16 heads) 0.98 / 1.03
- * / 1.04 / 1.06. Short causal sequences lose the launch groups (fa4_bwd_launch_group) the pair
- * cannot take; long ones gain the halved Q/dO reads of 64-key CTAs. override: FA4_AUTO, 0 (never)
- * or 1 (wherever built, windows too). */
-#define BWD_CLUSTER_MIN_K 8192
+ * calls): only where FA4_BWD_CLUSTERS=1 forces it; never with deterministic turns (the pair walks
+ * one query order) nor for packed sequences. Session 39 picked it for causal calls from 8192 keys
+ * on after measuring an H200 (bf16 16k tokens, hidden 2048, fwd+bwd TFLOP/s, scripts/bwd_ab.py,
+ * 1 CTA -> clusters: causal 4k 0.95-0.96, 8k 1.00-1.01, 16k 1.03, 32k 1.03-1.04). Session 52, the
+ * same command and build on both kinds: H200 causal 8k 516 -> 518 (1.00), 16k 527 -> 549 (1.04),
+ * 32k 527 -> 534 (1.01); H100 causal 16k 526 -> 455 (0.87, and 469 against 1-CTA rows of 516-518
+ * in the sessions before clusters). A 13% loss on the more common part against a
+ * 1-4% gain on the other: off by default until the H100's loss is understood. override: FA4_AUTO
+ * (never), 0 (never) or 1 (wherever built, windows too). */
 int32_t fa4_bwd_tile_family(int32_t mask_kind, int64_t seqlen_k, int32_t varlen, int32_t deterministic,
                             int32_t long_built, int32_t override) {
-  if (!long_built || varlen || deterministic || override == 0) return FA4_TILES_REGULAR;
-  if (override == 1) return FA4_TILES_LONG;
-  return mask_kind == FA4_MASK_CAUSAL && seqlen_k >= BWD_CLUSTER_MIN_K ? FA4_TILES_LONG : FA4_TILES_REGULAR;
+  (void)mask_kind, (void)seqlen_k;
+  return long_built && !varlen && !deterministic && override == 1 ? FA4_TILES_LONG : FA4_TILES_REGULAR;
 }
 
 /* Whether a clustered launch is worth making where the device holds active_clusters clusters of
@@ -447,8 +444,8 @@ int32_t fa4_bwd_tile_family(int32_t mask_kind, int64_t seqlen_k, int32_t varlen,
  * clustered kernels run one CTA per SM): not where none fits (another context holds SMs, or a
  * GPC's SMs are partly taken), nor where the clusters would leave more than
  * CLUSTER_IDLE_SMS_PERCENT of the SMs idle, which costs about what the clusters gain
- * (BWD_CLUSTER_MIN_K's measurements: 0-6%). An idle H200 holds 66 of the hd256 kernel's clusters of
- * 2: all 132 SMs. */
+ * (fa4_bwd_tile_family's H200 measurements: 0-6%). An idle H200 holds 66 of the hd256 kernel's
+ * clusters of 2: all 132 SMs. */
 #define CLUSTER_IDLE_SMS_PERCENT 4
 int32_t fa4_clusters_fit(int32_t active_clusters, int32_t cluster_size, int32_t num_sms) {
   if (active_clusters <= 0 || cluster_size <= 0 || num_sms <= 0) return 0;

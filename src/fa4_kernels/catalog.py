@@ -110,9 +110,9 @@ TILE_FAMILIES = {"short": ((64, 64),), "long": ((128, 128),)}
 TILE_FAMILY_MASKS = {"short": ("none", "causal"), "long": ("none", "causal")}
 # The backward's "long" family: 2-CTA clusters sharing each Q/dO tile (heuristics.BwdConfig.cluster_n),
 # for dense batches without softcap or score_mod, in the window kernel that serves causal calls (the
-# only calls they measured faster for: without a mask they lost 0.3-1.2% at 4k-32k); picked for long
-# keys (fa4_bwd_tile_family) and run only where the device fits the clusters, else the regular twin
-# (fa4_clusters_fit).
+# only calls they measured faster for, on an H200: without a mask they lost 0.3-1.2% at 4k-32k); run
+# only where FA4_BWD_CLUSTERS=1 asks (fa4_bwd_tile_family: an H100 lost 13% with them) and the device
+# fits the clusters, else the regular twin (fa4_clusters_fit).
 BWD_TILE_FAMILIES = {"long": ((256, 256),)}
 BWD_TILE_FAMILY_MASKS = {"long": ("local",)}
 

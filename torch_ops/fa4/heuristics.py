@@ -242,8 +242,8 @@ def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, override: int
 def bwd_tile_family(mask: str, seqlen_k: int, varlen: bool, deterministic: bool, long_built: bool,
                     override: bool | None = None) -> str:
     """The backward's tile family: "long" (2-CTA clusters, where built: hd256 dense, the window
-    kernel) for causal calls from 8192 keys on, never deterministic or packed; ``override``
-    (FA4_BWD_CLUSTERS) forces it off, or on wherever built (windows too)."""
+    kernel) only where ``override`` (FA4_BWD_CLUSTERS=1) forces it (windows too), never
+    deterministic or packed; by default "regular" (they lost 13% on an H100, csrc_shims/fa4_rules.c)."""
     family = rules().fa4_bwd_tile_family(MASK_KINDS.index(mask), seqlen_k, int(varlen), int(deterministic),
                                          int(long_built), _tri(override))
     return TILE_FAMILIES[family]
