@@ -257,16 +257,17 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     # Every window is scheduled statically with the split tail (sm90/fwd.py): decoding and
     # speculative verification's few tiles then spread over the GPU, and a window's tiles are of
     # equal length anyway. The split's tiles store their LSE rows as the unmasked kernels do (the
-    # bulk copy is the dynamic ones'). Every head dim rebuilds the static schedule per tile:
-    # held, it spilled the consumers with the window's values beside it (hd256 with softcap 37
-    # words, hd192x192's causal kernel before this one 17), and at hd128 beside the two merges of
-    # distributed_merge (37 words; read off each variant's SASS, with the one-warpgroup register
-    # split of sm90/fwd.py). A decoding CTA runs one or two tiles.
+    # bulk copy is the dynamic ones'). hd192x192 and hd256 rebuild the static schedule per tile:
+    # held, it spilled their consumers with the window's values beside it (hd256 with softcap 37
+    # words, hd192x192's causal kernel before this one 17; read off each variant's SASS, with the
+    # one-warpgroup register split of sm90/fwd.py). hd128 holds it: rebuilt there, it cost the
+    # merger's path 0.6-0.8 us per decoding call (session 51's "new3"), and with the distributed
+    # merge's items in a run-time loop it no longer spills.
     cfg = replace(dense, tile_m=64, skip_dead_blocks=False, rebuild_schedule=key.head_dim_v >= 192,
                   epilogue_addresses_per_tile=key.head_dim_v <= 128, split_tail=True, lse_bulk_store=False)
     # distributed_merge: split_partials.distributes picks the launches whose tiles merge that way
     # (the measurements are there); the others keep the merger. Not above head_dim_v 128: with
-    # both merges in the kernel, hd192x192 spilled 8-14 words and hd256 18-20 (sass_report).
+    # both merges in the kernel, hd192x192 still spilled 2 words (sass_report).
     cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key), merge_pairs=merge_pairs_fit(cfg, key), pdl=True,
                   distributed_merge=key.head_dim_v <= 128)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
@@ -453,8 +454,9 @@ class BwdConfig:
     # tokens, fwd+bwd TFLOP/s, same call, 1 CTA -> 2: causal 4k 484 -> 463, 8k 514 -> 519, 16k
     # 531 -> 549, 32k 520 -> 537 (the pair walks in step, without the causal launch groups: short
     # sequences lose); without a mask 0.99-1.00x from 4k on, so only the window kernel (causal)
-    # has a twin; hd128 and hd64 lose or tie (session 38). Picked by fa4_bwd_tile_family, with the
-    # occupancy fallback to the 1-CTA twin (fa4_clusters_fit; docs/perf_notes.md, session 39).
+    # has a twin; hd128 and hd64 lose or tie (session 38). Run where FA4_BWD_CLUSTERS=1 asks
+    # (fa4_bwd_tile_family: off by default since an H100 lost 13% at causal 16k, session 52), with
+    # the occupancy fallback to the 1-CTA twin (fa4_clusters_fit; docs/perf_notes.md, session 39).
     cluster_n: int = 1
     # dQ^T = K^T @ dS^T ("keys" layout, dQ by column halves): the queries are the dQ GEMM's N, so
     # tile_m need not be a multiple of 64. FlashAttention-3's hd128 blocks without a mask are 80
