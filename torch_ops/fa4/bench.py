@@ -139,14 +139,12 @@ def make_inputs(batch, seqlen, heads, head_dim, dtype, copies, layout, head_dim_
 
 def upstream_fa4(causal: bool):
     """Upstream FlashAttention-4 (``flash_attn.cute``, CuTe DSL compiled at the first call of each
-    configuration) as a (B, H, S, D) provider with autograd, or None where it does not import
-    (the DSL is not a dependency: ../shared/ANCHORS.md says how to stage it on the GPU machine)."""
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception:  # not installed, or its DSL does not load here
-        return None
-
+    configuration) as a (B, H, S, D) provider with autograd. Imported at its first call, so only
+    runs that ask for it load the DSL (not a dependency of fa4: scripts/upstream_fa4_env.sh stages
+    it on the GPU machine)."""
     def fn(q, k, v):
+        from flash_attn.cute import flash_attn_func
+
         out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
     return fn
@@ -162,10 +160,8 @@ def providers(causal: bool, flex: bool, fa3: bool = False):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return fn
 
-    out = {"fa4": fa4_fn, "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION), "FA2": sdpa(SDPBackend.FLASH_ATTENTION)}
-    upstream = upstream_fa4(causal)
-    if upstream is not None:
-        out["FA4up"] = upstream
+    out = {"fa4": fa4_fn, "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION), "FA2": sdpa(SDPBackend.FLASH_ATTENTION),
+           "FA4up": upstream_fa4(causal)}
     if fa3:  # FlashAttention-3 (peers/fa3), loaded by main from --fa3-lib
         from fa4 import bench_fa3
 
@@ -671,8 +667,8 @@ def main(argv=None):
                          "tensor) with a causal mask")
     ap.add_argument("--providers", default=DEFAULT_PROVIDERS,
                     help="comma-separated subset to time (the backward adds fa4det, fa4's deterministic mode, "
-                         "unless a set without it is given); FA4up: upstream FlashAttention-4 where flash_attn.cute "
-                         "imports")
+                         "unless a set without it is given); FA4up: upstream FlashAttention-4 (flash_attn.cute must "
+                         "import: scripts/upstream_fa4_env.sh)")
     ap.add_argument("--varlen-docs", type=int, default=0,
                     help="also time attention_varlen on this many random-length documents per batch")
     ap.add_argument("--gqa-decode", action="store_true",
