@@ -389,14 +389,24 @@ int32_t fa4_bwd_store_first(int64_t num_n_blocks, double blocks_per_query_block,
  * query blocks per K/V block, so the arrivals at a query block are two steps apart), and chunks
  * of a head too long for the GPU lose (16k: hd256 452 -> 431, hd192 405 -> 403): a chunk's first
  * CTAs to launch wait for ones still queued behind the previous head. override 0 never, 1 in
- * every unmasked call (chunks of num_sms). */
+ * every unmasked call (chunks of num_sms).
+ * spacing (deterministic, FA4_BWD_TURN_SPACING): the chunk cut into this many chunks, which
+ * fa4_bwd_launch_group then launches chunk by chunk over several pairs. A chunk of size blocks
+ * starts them m_blocks / size query blocks apart, so a query block's visitors come `spacing`
+ * steps apart instead of one: session 49's bound on rotated turns (a hand-over per step, ~1.35
+ * steps long at hd192) becomes a hand-over per `spacing` steps. Not measured yet: FA4_AUTO is 1,
+ * the single chunk. */
+#define BWD_TURN_SPACING 1
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
-                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override) {
+                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override, int32_t spacing) {
   if (mask_kind != FA4_MASK_NONE || override == 0 || num_n_blocks <= 0) return 0;
   if (deterministic) {
     if (num_sms <= 0) return 0;
-    if (override == 1) return (int32_t)min64(num_n_blocks, num_sms);
-    return num_n_blocks <= num_sms && tile_m == tile_n ? (int32_t)num_n_blocks : 0;
+    int64_t chunk = 0;
+    if (override == 1) chunk = min64(num_n_blocks, num_sms);
+    else if (num_n_blocks <= num_sms && tile_m == tile_n) chunk = num_n_blocks;
+    int64_t parts = spacing == FA4_AUTO ? BWD_TURN_SPACING : max64(1, spacing);
+    return (int32_t)ceil_div(chunk, parts);
   }
   return (override == 1 || store_first) ? (int32_t)num_n_blocks : 0;
 }
@@ -413,12 +423,29 @@ int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_f
  * 496-500 / 494; hd64 within 2% either way. Every pair at once (no groups): hd128 4k 336 (the
  * CTAs then share no Q/dO in L2). Packed sequences keep the grid's order: their pairs differ in
  * length (groups of 8: 8 documents -1 to -2%); so do windows (their blocks' visits are about
- * equal) and deterministic calls (their dQ turns follow the grid's order). override: FA4_AUTO,
- * else the group size (0: the grid's order) for every causal call of a dense batch. */
+ * equal) and deterministic causal calls (their dQ turns follow the grid's order). override:
+ * FA4_AUTO, else the group size (0: the grid's order) for every causal call of a dense batch.
+ * Unmasked deterministic calls of a dense batch whose rotation (rotate: its period) cuts a head's
+ * num_n_blocks blocks into several chunks (fa4_bwd_rotate's spacing) launch in groups too, so
+ * that chunk 0 of every pair of a group runs before chunk 1: as many pairs as keep a chunk of each
+ * within the SMs at once (num_sms / rotate, at most override), since a turn may wait for a later
+ * CTA of its chunk (dq_order.py), and none where fewer than 2 fit. The last group also takes the
+ * pairs left over (tile_scheduler.py: up to 2 * group - 1 of the call's `pairs`, batch * K/V
+ * heads), and must fit as well: a chunk spread over more CTAs than the SMs can deadlock
+ * (tests/fa4_kernels/test_dq_order.py). */
 #define BWD_CAUSAL_LAUNCH_GROUP 4
 
-int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override) {
-  if (mask_kind != FA4_MASK_CAUSAL || varlen || deterministic) return 0;
+int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t rotate,
+                             int64_t num_n_blocks, int64_t pairs, int32_t num_sms, int32_t override) {
+  if (varlen) return 0;
+  if (mask_kind == FA4_MASK_NONE && deterministic) {
+    if (rotate <= 0 || rotate >= num_n_blocks || num_sms <= 0 || pairs <= 0) return 0;
+    int64_t group = num_sms / rotate;
+    if (override != FA4_AUTO) group = min64(override, group);
+    while (group >= 2 && pairs > group && (group + pairs % group) * rotate > num_sms) group--;
+    return group >= 2 ? (int32_t)group : 0;
+  }
+  if (mask_kind != FA4_MASK_CAUSAL || deterministic) return 0;
   return override == FA4_AUTO ? BWD_CAUSAL_LAUNCH_GROUP : override;
 }
 
@@ -432,10 +459,9 @@ int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t determin
  * 32k 527 -> 534 (1.01); H100 causal 16k 526 -> 455 (0.87, and 469 against 1-CTA rows of 516-518
  * in the sessions before clusters). A 13% loss on the more common part against a
  * 1-4% gain on the other: off by default until the H100's loss is understood. override: FA4_AUTO
- * (never), 0 (never) or 1 (wherever built, windows too). */
-int32_t fa4_bwd_tile_family(int32_t mask_kind, int64_t seqlen_k, int32_t varlen, int32_t deterministic,
-                            int32_t long_built, int32_t override) {
-  (void)mask_kind, (void)seqlen_k;
+ * (never), 0 (never) or 1 (wherever built, windows too). A rule by mask or length, should one come
+ * back, takes those as parameters again (session 39's took both). */
+int32_t fa4_bwd_tile_family(int32_t varlen, int32_t deterministic, int32_t long_built, int32_t override) {
   return long_built && !varlen && !deterministic && override == 1 ? FA4_TILES_LONG : FA4_TILES_REGULAR;
 }
 
@@ -471,7 +497,7 @@ extern char **environ;
  * settings on every call: one pass over environ instead of a getenv per setting). */
 typedef struct {
   const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *bwd_launch_group,
-      *bwd_clusters, *trace, *trace_schedule;
+      *bwd_clusters, *bwd_turn_spacing, *trace, *trace_schedule;
 } tuning_text;
 
 static void scan_environment(tuning_text *out) {
@@ -485,7 +511,8 @@ static void scan_environment(tuning_text *out) {
       {"BWD_STORE_FIRST=", offsetof(tuning_text, bwd_store_first)},
       {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)},
       {"BWD_LAUNCH_GROUP=", offsetof(tuning_text, bwd_launch_group)},
-      {"BWD_CLUSTERS=", offsetof(tuning_text, bwd_clusters)}, {"TRACE=", offsetof(tuning_text, trace)},
+      {"BWD_CLUSTERS=", offsetof(tuning_text, bwd_clusters)},
+      {"BWD_TURN_SPACING=", offsetof(tuning_text, bwd_turn_spacing)}, {"TRACE=", offsetof(tuning_text, trace)},
       {"TRACE_SCHEDULE=", offsetof(tuning_text, trace_schedule)},
   };
   for (char **entry = environ; entry && *entry; entry++) {
@@ -526,6 +553,15 @@ int32_t fa4_read_tuning(fa4_tuning *out) {
     if (*end != '\0' || value < 0 || value > 1024)
       return refuse("FA4_BWD_LAUNCH_GROUP must be a number of (batch, head) pairs from 0 to 1024; got '%s'", group);
     out->bwd_launch_group = (int32_t)value;
+  }
+  const char *spacing = text.bwd_turn_spacing;
+  out->bwd_turn_spacing = FA4_AUTO;
+  if (spacing != NULL && spacing[0] != '\0') {
+    char *end;
+    long value = strtol(spacing, &end, 10);
+    if (*end != '\0' || value < 1 || value > 16)
+      return refuse("FA4_BWD_TURN_SPACING must be a number of chunks from 1 to 16; got '%s'", spacing);
+    out->bwd_turn_spacing = (int32_t)value;
   }
   const char *tiles = text.tiles;
   out->tiles = FA4_AUTO;
