@@ -529,6 +529,19 @@ static int32_t read_switch(const char *value) {
   return (value == NULL || value[0] == '\0') ? FA4_AUTO : strcmp(value, "1") == 0;
 }
 
+/* A whole number of `unit` in [lo, hi] into *out (FA4_AUTO when unset or empty); 1 (fa4_rules_error())
+ * for anything else. */
+static int32_t read_count(const char *value, const char *name, const char *unit, long lo, long hi, int32_t *out) {
+  *out = FA4_AUTO;
+  if (value == NULL || value[0] == '\0') return 0;
+  char *end;
+  long parsed = strtol(value, &end, 10);
+  if (*end != '\0' || parsed < lo || parsed > hi)
+    return refuse("%s must be a number of %s from %ld to %ld; got '%s'", name, unit, lo, hi, value);
+  *out = (int32_t)parsed;
+  return 0;
+}
+
 int32_t fa4_read_tuning(fa4_tuning *out) {
   tuning_text text;
   scan_environment(&text);
@@ -545,24 +558,10 @@ int32_t fa4_read_tuning(fa4_tuning *out) {
   out->bwd_store_first = read_switch(text.bwd_store_first);
   out->bwd_rotate = read_switch(text.bwd_rotate);
   out->bwd_clusters = read_switch(text.bwd_clusters);
-  const char *group = text.bwd_launch_group;
-  out->bwd_launch_group = FA4_AUTO;
-  if (group != NULL && group[0] != '\0') {
-    char *end;
-    long value = strtol(group, &end, 10);
-    if (*end != '\0' || value < 0 || value > 1024)
-      return refuse("FA4_BWD_LAUNCH_GROUP must be a number of (batch, head) pairs from 0 to 1024; got '%s'", group);
-    out->bwd_launch_group = (int32_t)value;
-  }
-  const char *spacing = text.bwd_turn_spacing;
-  out->bwd_turn_spacing = FA4_AUTO;
-  if (spacing != NULL && spacing[0] != '\0') {
-    char *end;
-    long value = strtol(spacing, &end, 10);
-    if (*end != '\0' || value < 1 || value > 16)
-      return refuse("FA4_BWD_TURN_SPACING must be a number of chunks from 1 to 16; got '%s'", spacing);
-    out->bwd_turn_spacing = (int32_t)value;
-  }
+  if (read_count(text.bwd_launch_group, "FA4_BWD_LAUNCH_GROUP", "(batch, head) pairs", 0, 1024,
+                 &out->bwd_launch_group) ||
+      read_count(text.bwd_turn_spacing, "FA4_BWD_TURN_SPACING", "chunks", 1, 16, &out->bwd_turn_spacing))
+    return 1;
   const char *tiles = text.tiles;
   out->tiles = FA4_AUTO;
   if (tiles != NULL && tiles[0] != '\0') {
