@@ -30,12 +30,31 @@ static int32_t fail(int32_t code, const char *fmt, ...) {
 const char *fa4_last_error(void) { return last_error; }
 
 static __thread fa4_launch last_launch[2] = {{-1}, {-1}};
+/* The last launch of each kind on any thread: autograd runs the backward on a CUDA thread of its
+ * own, whose record a probe on the calling thread cannot read. Copied from the launching
+ * thread's record once its launch is made. */
+static fa4_launch last_launch_any[2] = {{-1}, {-1}};
+static pthread_mutex_t last_launch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void publish_launch(int32_t kind) {
+  pthread_mutex_lock(&last_launch_lock);
+  last_launch_any[kind] = last_launch[kind];
+  pthread_mutex_unlock(&last_launch_lock);
+}
 
 void fa4_test_pretend_active_clusters(int32_t clusters) { fa4_pretend_active_clusters(clusters); }
 
 int32_t fa4_last_launch(int32_t kind, fa4_launch *out) {
   if (kind != FA4_KERNEL_FWD && kind != FA4_KERNEL_BWD) return FA4_ERR_WRONG_KIND;
   *out = last_launch[kind];
+  return FA4_OK;
+}
+
+int32_t fa4_last_launch_any_thread(int32_t kind, fa4_launch *out) {
+  if (kind != FA4_KERNEL_FWD && kind != FA4_KERNEL_BWD) return FA4_ERR_WRONG_KIND;
+  pthread_mutex_lock(&last_launch_lock);
+  *out = last_launch_any[kind];
+  pthread_mutex_unlock(&last_launch_lock);
   return FA4_OK;
 }
 
@@ -321,6 +340,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                              k_new, v_new, params, (cudaStream_t)stream);
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
+  publish_launch(FA4_KERNEL_FWD);
   return FA4_OK;
 }
 
@@ -461,6 +481,7 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
   }
   if (ret != 0)
     return fail(FA4_ERR_LAUNCH, "%s: launch failed: %s", variant->name, cudaGetErrorString((cudaError_t)ret));
+  publish_launch(FA4_KERNEL_BWD);
   return FA4_OK;
 }
 

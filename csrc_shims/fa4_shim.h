@@ -223,6 +223,8 @@ typedef struct {
 
 /* kind: FA4_KERNEL_FWD (0) or FA4_KERNEL_BWD (1); variant -1 before any launch. */
 int32_t fa4_last_launch(int32_t kind, fa4_launch *out);
+/* The same for the last launch made on any thread (autograd's backward runs on its own). */
+int32_t fa4_last_launch_any_thread(int32_t kind, fa4_launch *out);
 
 /* Tests: clustered launches take this many clusters as what the device holds at once instead of
  * asking it (forcing the 1-CTA fallback with 0); -1 asks the device again. */

@@ -18,13 +18,28 @@ import os
 import torch
 
 import fa4
-from fa4 import bench
+from fa4 import _native, bench
 
 
 def settings(text: str) -> tuple[str, dict]:
     name, _, assignments = text.partition(":")
     env = dict(a.split("=", 1) for a in assignments.split(",") if a)
     return name, env
+
+
+def launches(fns, inputs) -> str:
+    """What each setting's backward launched (one step each; autograd's thread made the launch):
+    the variant, and the rotation period, launch group and clusters the host chose."""
+    cells = []
+    for name, fn in fns.items():
+        fn(*inputs)
+        record = _native.last_launch("bwd", any_thread=True)
+        cell = f"{name} {record['name'].removeprefix('fa4_bwd_sm_90a_')} rotate {record['rotate']} " \
+               f"group {record['launch_group']}"
+        if record["active_clusters"] >= 0:
+            cell += f" clusters held {record['active_clusters']}"
+        cells.append(cell)
+    return "; ".join(cells)
 
 
 def main():
@@ -98,6 +113,7 @@ def main():
                 return torch.autograd.grad(out, (q, k, v), do)
             return step
         fns = {name: step_with(env) for name, env in args.settings}
+        print(f"hd{d} s{s} launches: {launches(fns, make()[0])}", flush=True)
         result = bench.time_providers(fns, make, flops, args, f"hd{d} s{s}")
         first = result[args.settings[0][0]][0]
         cells = "  ".join(f"{n} {t:6.1f} ({t / first:.3f}; rounds {min(r):.0f}-{max(r):.0f})"

@@ -457,6 +457,17 @@ def test_causal_launch_groups(monkeypatch, dims):
     assert run(window=(100, 0))[1]["launch_group"] == 0
 
 
+def test_autograd_backward_launch_is_recorded_for_any_thread(monkeypatch):
+    """Autograd runs the CUDA backward on a thread of its own, so a probe on the calling thread
+    reads that launch with ``last_launch("bwd", any_thread=True)``."""
+    q, k, v = qkv(1, 300, 300, 4, 4, 128, 128, torch.bfloat16)
+    dout = torch.randn_like(q)
+    monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "3")  # a value only this call's launch carries
+    grads(lambda q, k, v: fa4.attention(q, k, v, causal=True), (q, k, v), dout)
+    record = _native.last_launch("bwd", any_thread=True)
+    assert record["launch_group"] == 3 and record["name"].endswith("d128x128_local"), record
+
+
 # The backward's 2-CTA cluster kernels (catalog.BWD_TILE_FAMILIES: hd256, the window kernel that
 # serves causal calls): K/V block counts (64 keys) odd and even, so the last cluster's second CTA
 # may lie past the keys; seqlen_q != seqlen_k both ways, so a causal pair's query ranges differ;

@@ -74,11 +74,13 @@ class _Launch(ctypes.Structure):
         ("semaphores", ctypes.c_void_p), ("semaphore_words", ctypes.c_int64), ("active_clusters", ctypes.c_int32)]
 
 
-def last_launch(kind: str = "fwd") -> dict | None:
-    """What the last forward ("fwd") or backward ("bwd") launch on this thread ran: the variant's
-    name and the decisions made for it (fa4_shim.h, fa4_launch); None before any."""
+def last_launch(kind: str = "fwd", any_thread: bool = False) -> dict | None:
+    """What the last forward ("fwd") or backward ("bwd") launch on this thread ran (``any_thread``:
+    on any thread, such as autograd's backward thread): the variant's name and the decisions made
+    for it (fa4_shim.h, fa4_launch); None before any."""
     record = _Launch()
-    library().fa4_last_launch(("fwd", "bwd").index(kind), ctypes.byref(record))
+    get = library().fa4_last_launch_any_thread if any_thread else library().fa4_last_launch
+    get(("fwd", "bwd").index(kind), ctypes.byref(record))
     if record.variant < 0:
         return None
     out = {name: getattr(record, name) for name, _ in _Launch._fields_}
