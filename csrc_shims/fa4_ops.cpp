@@ -1209,7 +1209,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   }
   phases.mark("gradients");
   int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, num_n_blocks, dev.num_sms, main_v.tile_m,
-                                  main_v.tile_n, tune.bwd_rotate, tune.bwd_turn_spacing);
+                                  main_v.tile_n, tune.bwd_rotate);
   int64_t counted_rows = varlen ? std::min(varlen->max_seqlen_q, sq) : sq;
   Tensor semaphores = unused_vector(device);
   fa4_tensor n_sem = unused_rank3(device);
@@ -1251,8 +1251,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
                                 store_first, mask.window_right, varlen && varlen->used_k ? 1 : 0};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
                         varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first,
-                        fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, rotate, num_n_blocks,
-                                             b * k.size(lead ? 1 : 2), dev.num_sms, tune.bwd_launch_group)};
+                        fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, tune.bwd_launch_group)};
   phases.mark("workspace");
   {
     DeviceGuard guard(device);

@@ -70,15 +70,12 @@ int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks,
 
 double fa4_mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
 int32_t fa4_bwd_store_first(int64_t num_n_blocks, double blocks_per_query_block, int32_t override);
-/* The rotation's period (0: none); override FA4_AUTO, 0 or 1 (FA4_BWD_ROTATE); spacing FA4_AUTO or
- * the chunks a deterministic call's chunk is cut into (FA4_BWD_TURN_SPACING). */
+/* The rotation's period (0: none); override FA4_AUTO, 0 or 1 (FA4_BWD_ROTATE). */
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
-                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override, int32_t spacing);
-/* The backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's order):
- * causal calls, and deterministic unmasked ones rotated in several chunks (rotate: the period;
- * pairs: batch * K/V heads); override FA4_AUTO or a group size (FA4_BWD_LAUNCH_GROUP). */
-int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t rotate,
-                             int64_t num_n_blocks, int64_t pairs, int32_t num_sms, int32_t override);
+                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override);
+/* The causal backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's
+ * order); override FA4_AUTO or a group size (FA4_BWD_LAUNCH_GROUP). */
+int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override);
 /* The backward's tile family (fa4_tile_family): FA4_TILES_LONG (2-CTA clusters) or regular;
  * long_built: the family is built for the call's key; override FA4_AUTO, 0 or 1 (FA4_BWD_CLUSTERS). */
 int32_t fa4_bwd_tile_family(int32_t varlen, int32_t deterministic, int32_t long_built, int32_t override);
@@ -102,7 +99,6 @@ typedef struct {
   int32_t bwd_rotate;        /* FA4_BWD_ROTATE */
   int32_t bwd_launch_group;  /* FA4_BWD_LAUNCH_GROUP: pairs per group, >= 0 */
   int32_t bwd_clusters;      /* FA4_BWD_CLUSTERS */
-  int32_t bwd_turn_spacing;  /* FA4_BWD_TURN_SPACING: 1..16 */
   /* FA4_TRACE_SCHEDULE: traced calls of dynamically scheduled variants deal their tiles
      round-robin ("static": 1) or claim them as usual ("dynamic": 0). */
   int32_t trace_schedule;

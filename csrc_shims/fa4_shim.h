@@ -65,9 +65,8 @@ typedef struct {
                             (fa4_bwd_rotate, src/fa4_kernels/dq_order.py) */
   int32_t store_first;   /* 1: dq_accum not zeroed: a query block's first K/V block stores (packed sequences: whole
                             query blocks only, fa4_bwd_preprocess zeroing the rest) */
-  int32_t launch_group;  /* > 0: the CTAs launch in groups of this many (batch, head) pairs (fa4_bwd_launch_group:
-                            dense batches' local variants, not deterministic, and unmasked ones with rotated
-                            deterministic turns); 0: the grid's order */
+  int32_t launch_group;  /* > 0: local variants of dense batches, not deterministic: the CTAs launch in groups of
+                            this many (batch, head) pairs (fa4_bwd_launch_group); 0: the grid's order */
 } fa4_bwd_params;
 
 typedef struct {

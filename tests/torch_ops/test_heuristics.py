@@ -239,14 +239,6 @@ def test_backward_store_first_and_rotation():
     assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 128), override=True) == 132
     assert heuristics.bwd_rotate("none", True, True, 64, 132, tile=(64, 64), override=False) == 0
     assert heuristics.bwd_rotate("local", True, False, 64, 132) == 0
-    # Deterministic, spaced turns: the chunk cut into `spacing` chunks (the last may be shorter).
-    assert heuristics.bwd_rotate("none", True, False, 64, 132, tile=(64, 64), spacing=1) == 64
-    assert heuristics.bwd_rotate("none", True, False, 64, 132, tile=(64, 64), spacing=2) == 32
-    assert heuristics.bwd_rotate("none", True, False, 65, 132, tile=(64, 64), spacing=2) == 33
-    assert heuristics.bwd_rotate("none", True, False, 16, 132, tile=(64, 64), spacing=3) == 6
-    assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 64), override=True, spacing=2) == 66
-    assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 64), spacing=2) == 0  # not rotated
-    assert heuristics.bwd_rotate("none", False, True, 64, 132, tile=(64, 64), spacing=2) == 64  # default mode
 
 
 def test_causal_backward_launches_in_groups_of_pairs():
@@ -261,44 +253,6 @@ def test_causal_backward_launches_in_groups_of_pairs():
     assert heuristics.bwd_launch_group("causal", False, False, override=0) == 0
     assert heuristics.bwd_launch_group("causal", False, False, override=16) == 16
     assert heuristics.bwd_launch_group("causal", False, True, override=16) == 0
-
-
-def test_spaced_deterministic_turns_launch_chunk_by_chunk():
-    """Unmasked deterministic calls rotated in several chunks launch every pair's first chunk
-    before its second: as many pairs as keep one chunk of each within the SMs (a turn may wait
-    for a later CTA of its chunk), none where fewer than two fit or the rotation has one chunk."""
-    def group(*args, pairs=64, **kwargs):
-        return heuristics.bwd_launch_group(*args, pairs=pairs, **kwargs)
-
-    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132) == 4
-    assert group("none", False, True, rotate=64, num_n_blocks=128, num_sms=132) == 2
-    assert group("none", False, True, rotate=8, num_n_blocks=16, num_sms=132) == 16
-    assert group("none", False, True, rotate=64, num_n_blocks=64, num_sms=132) == 0  # one chunk
-    assert group("none", False, True, rotate=0, num_n_blocks=64, num_sms=132) == 0
-    assert group("none", False, True, rotate=66, num_n_blocks=256, num_sms=132) == 2
-    assert group("none", False, True, rotate=100, num_n_blocks=200, num_sms=132) == 0  # one pair's chunk
-    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132, override=2) == 2
-    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132, override=64) == 4  # capped
-    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132, override=0) == 0
-    assert group("none", True, True, rotate=32, num_n_blocks=64, num_sms=132) == 0  # packed sequences
-    assert group("none", False, False, rotate=32, num_n_blocks=64, num_sms=132) == 0  # no turns
-    for kind in ("causal", "local"):
-        assert group(kind, False, True, rotate=32, num_n_blocks=64, num_sms=132) == 0
-    # The last group takes the leftover pairs: 66 pairs in groups of 4 end with one of 6 (192
-    # CTAs per chunk), so 3 (the last of 3 + 0) or fewer.
-    assert group("none", False, True, rotate=32, num_n_blocks=64, pairs=66, num_sms=132) == 3
-    assert group("none", False, True, rotate=32, num_n_blocks=64, pairs=3, num_sms=132) == 4  # one group of 3
-    # Through both rules, for the square-block kernels where deterministic calls rotate: every
-    # group, the last one included, keeps a chunk of each of its pairs within the SMs.
-    for blocks in (8, 16, 33, 64, 100, 128, 132):
-        for spacing in (1, 2, 3, 4):
-            for pairs in (1, 2, 5, 16, 63, 64, 66, 97):
-                rotate = heuristics.bwd_rotate("none", True, False, blocks, 132, tile=(64, 64), spacing=spacing)
-                size = group("none", False, True, rotate, blocks, pairs=pairs, num_sms=132)
-                last = pairs if size == 0 or pairs <= size else size + pairs % size
-                assert rotate * (last if size else 1) <= 132 or size == 0
-                if spacing == 1 or blocks == 1:
-                    assert size == 0
 
 
 def test_backward_clusters_only_where_forced():
@@ -360,13 +314,11 @@ def test_python_constants_match_the_rules_library():
 
 def test_tuning_settings_are_read_per_call(monkeypatch):
     for name in ("FA4_L2_SWIZZLE_MB", "FA4_PERSISTENT", "FA4_TILES", "FA4_SPLIT_TAIL", "FA4_BWD_STORE_FIRST",
-                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_BWD_CLUSTERS", "FA4_BWD_TURN_SPACING", "FA4_TRACE",
-                 "FA4_TRACE_SCHEDULE"):
+                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_BWD_CLUSTERS", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
         monkeypatch.delenv(name, raising=False)
     assert heuristics.tuning() == {"l2_swizzle_bytes": None, "persistent": None, "tiles": None, "split_tail": None,
                                    "bwd_store_first": None, "bwd_rotate": None, "bwd_launch_group": None,
-                                   "bwd_clusters": None, "bwd_turn_spacing": None, "trace_schedule": None,
-                                   "trace_path": None}
+                                   "bwd_clusters": None, "trace_schedule": None, "trace_path": None}
     monkeypatch.setenv("FA4_L2_SWIZZLE_MB", "1.5")
     monkeypatch.setenv("FA4_PERSISTENT", "0")
     monkeypatch.setenv("FA4_TILES", "long")
@@ -375,16 +327,10 @@ def test_tuning_settings_are_read_per_call(monkeypatch):
     monkeypatch.setenv("FA4_TRACE", "/tmp/some trace.jsonl")
     monkeypatch.setenv("FA4_TRACE_SCHEDULE", "static")
     monkeypatch.setenv("FA4_BWD_CLUSTERS", "0")
-    monkeypatch.setenv("FA4_BWD_TURN_SPACING", "2")
     assert heuristics.tuning() == {"l2_swizzle_bytes": 3 << 19, "persistent": False, "tiles": "long",
                                    "split_tail": None, "bwd_store_first": None, "bwd_rotate": True,
-                                   "bwd_launch_group": 0, "bwd_clusters": False, "bwd_turn_spacing": 2,
-                                   "trace_schedule": "static", "trace_path": "/tmp/some trace.jsonl"}
-    for bad in ("0", "17", "two"):
-        monkeypatch.setenv("FA4_BWD_TURN_SPACING", bad)
-        with pytest.raises(ValueError, match="FA4_BWD_TURN_SPACING must be a number of chunks from 1 to 16"):
-            heuristics.tuning()
-    monkeypatch.delenv("FA4_BWD_TURN_SPACING")
+                                   "bwd_launch_group": 0, "bwd_clusters": False, "trace_schedule": "static",
+                                   "trace_path": "/tmp/some trace.jsonl"}
     monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "8")
     assert heuristics.tuning()["bwd_launch_group"] == 8
     monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "four")

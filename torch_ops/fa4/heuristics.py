@@ -33,8 +33,7 @@ class MaskSpec:
 class _Tuning(ctypes.Structure):
     _fields_ = [("l2_swizzle_bytes", ctypes.c_int64)] + [
         (name, ctypes.c_int32) for name in ("persistent", "tiles", "split_tail", "bwd_store_first", "bwd_rotate",
-                                            "bwd_launch_group", "bwd_clusters", "bwd_turn_spacing",
-                                            "trace_schedule")] + [
+                                            "bwd_launch_group", "bwd_clusters", "trace_schedule")] + [
         ("trace_path", ctypes.c_char_p)]
 
 
@@ -69,8 +68,8 @@ def rules() -> ctypes.CDLL:
         "fa4_kv_kernel_page_rows": (i64, [i64]),
         "fa4_mean_visible_keys": (f64, [i64, i64, _Mask]),
         "fa4_bwd_store_first": (i32, [i64, f64, i32]),
-        "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32, i32]),
-        "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32, i64, i64, i32, i32]),
+        "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32]),
+        "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32]),
         "fa4_bwd_tile_family": (i32, [i32, i32, i32, i32]),
         "fa4_clusters_fit": (i32, [i32, i32, i32]),
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
@@ -101,15 +100,14 @@ def _spec(mask: _Mask) -> MaskSpec:
     return MaskSpec(MASK_KINDS[mask.kind], mask.window_left, mask.window_right)
 
 
-# Tuning settings that are numbers, not switches.
-_COUNTS = ("l2_swizzle_bytes", "bwd_launch_group", "bwd_turn_spacing")
+_COUNTS = ("l2_swizzle_bytes", "bwd_launch_group")  # tuning settings that are numbers, not switches
 
 
 def tuning() -> dict:
     """The run-time tuning settings as the native operators read them now (FA4_L2_SWIZZLE_MB in
-    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_BWD_TURN_SPACING's chunks, FA4_TRACE's path,
-    FA4_TRACE_SCHEDULE's word, the others None for unset, a bool, or FA4_TILES's family name);
-    ValueError for a value a variable does not take."""
+    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_TRACE's path, FA4_TRACE_SCHEDULE's word, the others
+    None for unset, a bool, or FA4_TILES's family name); ValueError for a value a variable does not
+    take."""
     out = _Tuning()
     if rules().fa4_read_tuning(ctypes.byref(out)):
         raise ValueError(_error())
@@ -225,27 +223,20 @@ def bwd_store_first(num_n_blocks: int, blocks_per_query_block: float = 0.0, over
 
 
 def bwd_rotate(mask: str, deterministic: bool, store_first: bool, num_n_blocks: int, num_sms: int,
-               tile: tuple[int, int] = (128, 128), override: bool | None = None, spacing: int | None = None) -> int:
+               tile: tuple[int, int] = (128, 128), override: bool | None = None) -> int:
     """The backward's rotation period (0: none): without a mask, K/V blocks start on query blocks
     of their own, in chunks of this many blocks (src/fa4_kernels/dq_order.py). Deterministic mode
     rotates only the (tile_m, tile_n) = ``tile`` kernels it measured faster on, and only where a
-    head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs; it
-    cuts that chunk into ``spacing`` chunks (FA4_BWD_TURN_SPACING; default 1), whose visitors of
-    a query block come ``spacing`` steps apart."""
+    head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs."""
     return rules().fa4_bwd_rotate(MASK_KINDS.index(mask), int(deterministic), int(store_first), num_n_blocks,
-                                  num_sms, tile[0], tile[1], _tri(override), _AUTO if spacing is None else spacing)
+                                  num_sms, tile[0], tile[1], _tri(override))
 
 
-def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, rotate: int = 0, num_n_blocks: int = 0,
-                     pairs: int = 0, num_sms: int = 0, override: int | None = None) -> int:
-    """(batch, head) pairs per launch group of the backward's CTAs (0: the grid's order): dense,
-    non-deterministic causal calls (``override``, FA4_BWD_LAUNCH_GROUP, sets the size), and
-    dense unmasked deterministic calls whose rotation (period ``rotate``) cuts a head's
-    ``num_n_blocks`` into several chunks: as many of the call's ``pairs`` (batch * K/V heads) as
-    keep one chunk of each within ``num_sms``, the last group's leftovers too (``override`` caps
-    it), so that every pair's first chunk runs before its second."""
-    return rules().fa4_bwd_launch_group(MASK_KINDS.index(mask), int(varlen), int(deterministic), rotate,
-                                        num_n_blocks, pairs, num_sms, _AUTO if override is None else override)
+def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, override: int | None = None) -> int:
+    """(batch, head) pairs per launch group of the causal backward's CTAs (0: the grid's order):
+    dense, non-deterministic causal calls only; ``override`` (FA4_BWD_LAUNCH_GROUP) sets the size."""
+    return rules().fa4_bwd_launch_group(MASK_KINDS.index(mask), int(varlen), int(deterministic),
+                                        _AUTO if override is None else override)
 
 
 def bwd_tile_family(varlen: bool, deterministic: bool, long_built: bool, override: bool | None = None) -> str:

@@ -537,15 +537,9 @@ class FlashAttentionBackwardSm90:
             # read within L2). Deterministic turns follow the grid's order: they keep it (the
             # host never asks for both; the check keeps a bad launch from deadlocking).
             if launch_group > 0 and deterministic == 0:
-                n_block, head_kv, batch_idx = self.launch_order(n_block, head_kv, batch_idx, launch_group)
-        if const_expr(not (self.is_local or self.is_varlen or self.block_sparse) and self.cluster_n == 1):
-            # Unmasked, deterministic, rotated in several chunks (dq_order: turns chunk by chunk,
-            # one query block per step; fa4_bwd_launch_group): the same groups put chunk 0 of
-            # every pair of a group before its chunk 1, so the GPU runs the first chunks of
-            # launch_group pairs side by side instead of a whole head, and a query block's
-            # visitors come one per `chunks` steps: each turn's hand-over has that long.
-            if launch_group > 0:
-                n_block, head_kv, batch_idx = self.launch_order(n_block, head_kv, batch_idx, launch_group)
+                blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
+                order = StaticPersistentScheduler(blocks, heads, batches, launch_group, False, Int32(0))
+                n_block, head_kv, batch_idx = order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
         seq = SeqlenInfo.create(batch_idx, mQ.shape[0], mK.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                 mSeqUsedK, has_seqused_k)
         if const_expr(self.is_local):
@@ -690,14 +684,6 @@ class FlashAttentionBackwardSm90:
             # No CTA leaves while its peer may still release a stage to it.
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-
-    @cute.jit
-    def launch_order(self, n_block: Int32, head_kv: Int32, batch_idx: Int32, launch_group: Int32):
-        """The CTA's (K/V block, head, batch) in groups of launch_group (batch, head) pairs: block
-        n of every pair of a group launches before block n + 1 (the forward's tile order)."""
-        blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
-        order = StaticPersistentScheduler(blocks, heads, batches, launch_group, False, Int32(0))
-        return order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
 
     @cute.jit
     def count_done(self, mSeqDone: cute.Tensor, batch_idx: Int32, num_n_blocks: Int32,
