@@ -391,8 +391,9 @@ int32_t fa4_bwd_store_first(int64_t num_n_blocks, double blocks_per_query_block,
  * CTAs to launch wait for ones still queued behind the previous head. override 0 never, 1 in
  * every unmasked call (chunks of num_sms). Cutting a head's chunk into 2 chunks launched chunk by
  * chunk over launch groups of pairs, so that a query block's visitors come 2 steps apart, measured
- * slower (session 53: hd192 4k 0.796 -> 0.781 of the default mode, 8k 0.788 -> 0.768; hd256 1k
- * 0.885 -> 0.815). */
+ * slower (session 53, H100: hd192 4k 0.796 -> 0.781 of the default mode, 8k 0.788 -> 0.768; hd256
+ * 1k 0.885 -> 0.815; that build counted finished blocks by the grid's batch, fixed on the branch
+ * wip/turn-spacing, which keeps the experiment). */
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
                        int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override) {
   if (mask_kind != FA4_MASK_NONE || override == 0 || num_n_blocks <= 0) return 0;
