@@ -1208,8 +1208,12 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
     dv_out = empty(v_shape, io, device);
   }
   phases.mark("gradients");
+  // Deterministic turns' dQ writer warps (0: not deterministic), and the chunks of their rotation.
+  const int32_t dq_writers = fa4_bwd_dq_writers(deterministic, d > 128, varlen != nullptr, mask.kind, (int32_t)d,
+                                                num_n_blocks, dev.num_sms, tune.bwd_dq_writers);
   int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, num_n_blocks, dev.num_sms, main_v.tile_m,
-                                  main_v.tile_n, tune.bwd_rotate);
+                                  main_v.tile_n, tune.bwd_rotate,
+                                  fa4_bwd_turn_spacing(dq_writers, tune.bwd_turn_spacing));
   int64_t counted_rows = varlen ? std::min(varlen->max_seqlen_q, sq) : sq;
   Tensor semaphores = unused_vector(device);
   fa4_tensor n_sem = unused_rank3(device);
@@ -1250,8 +1254,9 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   fa4_bwd_pre_params pre_params{dlse ? 1 : 0, (int32_t)zero_rows, (int32_t)num_m_blocks, varlen ? 1 : 0,
                                 store_first, mask.window_right, varlen && varlen->used_k ? 1 : 0};
   fa4_bwd_params params{(float)scale, (float)softcap, mask.window_left, mask.window_right, (int32_t)num_n_blocks,
-                        varlen && varlen->used_k ? 1 : 0, deterministic ? 1 : 0, rotate, store_first,
-                        fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, tune.bwd_launch_group)};
+                        varlen && varlen->used_k ? 1 : 0, dq_writers, rotate, store_first,
+                        fa4_bwd_launch_group(mask.kind, varlen != nullptr, deterministic, rotate, num_n_blocks,
+                                             b * k.size(lead ? 1 : 2), dev.num_sms, tune.bwd_launch_group)};
   phases.mark("workspace");
   {
     DeviceGuard guard(device);

@@ -389,18 +389,25 @@ int32_t fa4_bwd_store_first(int64_t num_n_blocks, double blocks_per_query_block,
  * query blocks per K/V block, so the arrivals at a query block are two steps apart), and chunks
  * of a head too long for the GPU lose (16k: hd256 452 -> 431, hd192 405 -> 403): a chunk's first
  * CTAs to launch wait for ones still queued behind the previous head. override 0 never, 1 in
- * every unmasked call (chunks of num_sms). Cutting a head's chunk into 2 chunks launched chunk by
- * chunk over launch groups of pairs, so that a query block's visitors come 2 steps apart, measured
- * slower (session 53, H100: hd192 4k 0.796 -> 0.781 of the default mode, 8k 0.788 -> 0.768; hd256
- * 1k 0.885 -> 0.815; that build counted finished blocks by the grid's batch, fixed on the branch
- * wip/turn-spacing, which keeps the experiment). */
+ * every unmasked call (chunks of num_sms).
+ * spacing (deterministic, FA4_BWD_TURN_SPACING): the chunk cut into this many chunks, which
+ * fa4_bwd_launch_group then launches chunk by chunk over several pairs. A chunk of size blocks
+ * starts them m_blocks / size query blocks apart, so a query block's visitors come `spacing`
+ * steps apart instead of one: session 49's bound on rotated turns (a hand-over per step, ~1.35
+ * steps long at hd192) becomes a hand-over per `spacing` steps (fa4_bwd_turn_spacing: with two dQ
+ * writers; alone, one writer per CTA still took a block per hand-over, and 2 chunks measured slower,
+ * session 53: H100 hd192 4k 0.796 -> 0.781 of the default mode, hd256 1k 0.885 -> 0.815).
+ * spacing: FA4_AUTO (1) or the chunks. */
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
-                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override) {
+                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override, int32_t spacing) {
   if (mask_kind != FA4_MASK_NONE || override == 0 || num_n_blocks <= 0) return 0;
   if (deterministic) {
     if (num_sms <= 0) return 0;
-    if (override == 1) return (int32_t)min64(num_n_blocks, num_sms);
-    return num_n_blocks <= num_sms && tile_m == tile_n ? (int32_t)num_n_blocks : 0;
+    int64_t chunk = 0;
+    if (override == 1) chunk = min64(num_n_blocks, num_sms);
+    else if (num_n_blocks <= num_sms && tile_m == tile_n) chunk = num_n_blocks;
+    int64_t parts = spacing == FA4_AUTO ? 1 : max64(1, spacing);
+    return (int32_t)ceil_div(chunk, parts);
   }
   return (override == 1 || store_first) ? (int32_t)num_n_blocks : 0;
 }
@@ -417,13 +424,70 @@ int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_f
  * 496-500 / 494; hd64 within 2% either way. Every pair at once (no groups): hd128 4k 336 (the
  * CTAs then share no Q/dO in L2). Packed sequences keep the grid's order: their pairs differ in
  * length (groups of 8: 8 documents -1 to -2%); so do windows (their blocks' visits are about
- * equal) and deterministic calls (their dQ turns follow the grid's order). override: FA4_AUTO,
- * else the group size (0: the grid's order) for every causal call of a dense batch. */
+ * equal) and deterministic causal calls (their dQ turns follow the grid's order). override:
+ * FA4_AUTO, else the group size (0: the grid's order) for every causal call of a dense batch.
+ * Unmasked deterministic calls of a dense batch whose rotation (rotate: its period) cuts a head's
+ * num_n_blocks blocks into several chunks (fa4_bwd_rotate's spacing) launch in groups too, so
+ * that chunk 0 of every pair of a group runs before chunk 1: as many pairs as keep a chunk of each
+ * within the SMs at once (num_sms / rotate, at most override), since a turn may wait for a later
+ * CTA of its chunk (dq_order.py), and none where fewer than 2 fit. The last group also takes the
+ * pairs left over (tile_scheduler.py: up to 2 * group - 1 of the call's `pairs`, batch * K/V
+ * heads), and must fit as well: a chunk spread over more CTAs than the SMs can deadlock
+ * (tests/fa4_kernels/test_dq_order.py). */
 #define BWD_CAUSAL_LAUNCH_GROUP 4
 
-int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override) {
-  if (mask_kind != FA4_MASK_CAUSAL || varlen || deterministic) return 0;
+int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t rotate,
+                             int64_t num_n_blocks, int64_t pairs, int32_t num_sms, int32_t override) {
+  if (varlen) return 0;
+  if (mask_kind == FA4_MASK_NONE && deterministic) {
+    if (rotate <= 0 || rotate >= num_n_blocks || num_sms <= 0 || pairs <= 0) return 0;
+    int64_t group = num_sms / rotate;
+    if (override != FA4_AUTO) group = min64(override, group);
+    while (group >= 2 && pairs > group && (group + pairs % group) * rotate > num_sms) group--;
+    return group >= 2 ? (int32_t)group : 0;
+  }
+  if (mask_kind != FA4_MASK_CAUSAL || deterministic) return 0;
   return override == FA4_AUTO ? BWD_CAUSAL_LAUNCH_GROUP : override;
+}
+
+/* The backward kernel's deterministic argument: 0 (dQ added in any order), 1 (deterministic turns,
+ * one dQ writer warp) or 2 (the same with two writer warps taking a CTA's query blocks
+ * alternately, sm90/bwd.py write_dq's pair: one block's reduce-adds land, and its turn passes,
+ * while the other warp waits for the next block's turn and issues its adds). "keys_roles"
+ * variants of dense batches only (roles: hd192x128, hd192, hd256; the others, and packed sequences,
+ * whose writer spilled with both, treat 2 as 1).
+ * Measured (session 54, one H100, bf16 16k tokens of hidden 2048, scripts/bwd_ab.py, fwd+bwd,
+ * deterministic / default, one writer -> two):
+ *  - rotated turns (no mask, a head's blocks within num_sms), with the rotation cut into 2 chunks
+ *    (fa4_bwd_turn_spacing): hd192 1k 0.842 -> 0.952, 4k 0.781 -> 0.976; hd256 1k 0.885 -> 0.897,
+ *    2k 0.871 -> 0.952, 4k 0.831 -> 0.912, 8k 0.844 -> 0.918. Two writers without the chunks gain
+ *    little (hd192 4k 0.831, hd256 4k 0.830), and the chunks with one writer lost (session 53):
+ *    a turn's hand-over then has two steps, and each writer two steps per block;
+ *  - turns in launch order, a head's blocks between num_sms and twice that (16k): hd192 0.804 ->
+ *    0.950, causal 0.803 -> 0.948, hd256 causal 0.765 -> 0.799, but hd256 without a mask 0.903
+ *    -> 0.809 (its dQ goes out through the Q/dO stage, which two writers hand back before the
+ *    landing: session 47 measured that hand-back 4% slower at hd256);
+ *  - lost elsewhere: causal 1k-4k (hd192 0.869 -> 0.802 at 1k, 0.921 -> 0.860 at 4k; hd256 0.922
+ *    -> 0.879, 0.872 -> 0.817), hd256 causal 8k 0.843 -> 0.804, 32k (hd192 0.817 -> 0.727; hd256
+ *    0.884 -> 0.563), where the second writer gives up the next turn's early look (write_dq).
+ * override: FA4_AUTO or the writers (FA4_BWD_DQ_WRITERS). */
+int32_t fa4_bwd_dq_writers(int32_t deterministic, int32_t roles, int32_t varlen, int32_t mask_kind,
+                           int32_t head_dim, int64_t num_n_blocks, int32_t num_sms, int32_t override) {
+  if (!deterministic) return 0;
+  if (override != FA4_AUTO) return override;
+  if (!roles || varlen || num_sms <= 0) return 1;
+  if (mask_kind == FA4_MASK_NONE && num_n_blocks <= num_sms) return 2;
+  int32_t long_chain = num_n_blocks > num_sms && num_n_blocks <= 2 * (int64_t)num_sms;
+  if (long_chain && (mask_kind == FA4_MASK_CAUSAL || (mask_kind == FA4_MASK_NONE && head_dim <= 192))) return 2;
+  return 1;
+}
+
+/* The chunks a deterministic call's rotation is cut into (fa4_bwd_rotate's spacing): 2 where two dQ
+ * writers take the turns (fa4_bwd_dq_writers: each writer then has two steps per block, as each
+ * hand-over does), else 1; override: FA4_AUTO or the chunks (FA4_BWD_TURN_SPACING). */
+int32_t fa4_bwd_turn_spacing(int32_t writers, int32_t override) {
+  if (override != FA4_AUTO) return override;
+  return writers == 2 ? 2 : 1;
 }
 
 /* The backward's "long" family (hd256: 2-CTA clusters sharing each Q/dO tile,
@@ -474,7 +538,7 @@ extern char **environ;
  * settings on every call: one pass over environ instead of a getenv per setting). */
 typedef struct {
   const char *l2_swizzle_mb, *persistent, *tiles, *split_tail, *bwd_store_first, *bwd_rotate, *bwd_launch_group,
-      *bwd_clusters, *trace, *trace_schedule;
+      *bwd_clusters, *bwd_turn_spacing, *bwd_dq_writers, *trace, *trace_schedule;
 } tuning_text;
 
 static void scan_environment(tuning_text *out) {
@@ -488,7 +552,9 @@ static void scan_environment(tuning_text *out) {
       {"BWD_STORE_FIRST=", offsetof(tuning_text, bwd_store_first)},
       {"BWD_ROTATE=", offsetof(tuning_text, bwd_rotate)},
       {"BWD_LAUNCH_GROUP=", offsetof(tuning_text, bwd_launch_group)},
-      {"BWD_CLUSTERS=", offsetof(tuning_text, bwd_clusters)}, {"TRACE=", offsetof(tuning_text, trace)},
+      {"BWD_CLUSTERS=", offsetof(tuning_text, bwd_clusters)},
+      {"BWD_TURN_SPACING=", offsetof(tuning_text, bwd_turn_spacing)},
+      {"BWD_DQ_WRITERS=", offsetof(tuning_text, bwd_dq_writers)}, {"TRACE=", offsetof(tuning_text, trace)},
       {"TRACE_SCHEDULE=", offsetof(tuning_text, trace_schedule)},
   };
   for (char **entry = environ; entry && *entry; entry++) {
@@ -503,6 +569,19 @@ static void scan_environment(tuning_text *out) {
 
 static int32_t read_switch(const char *value) {
   return (value == NULL || value[0] == '\0') ? FA4_AUTO : strcmp(value, "1") == 0;
+}
+
+/* A whole number of `unit` in [lo, hi] into *out (FA4_AUTO when unset or empty); 1 (fa4_rules_error())
+ * for anything else. */
+static int32_t read_count(const char *value, const char *name, const char *unit, long lo, long hi, int32_t *out) {
+  *out = FA4_AUTO;
+  if (value == NULL || value[0] == '\0') return 0;
+  char *end;
+  long parsed = strtol(value, &end, 10);
+  if (*end != '\0' || parsed < lo || parsed > hi)
+    return refuse("%s must be a number of %s from %ld to %ld; got '%s'", name, unit, lo, hi, value);
+  *out = (int32_t)parsed;
+  return 0;
 }
 
 int32_t fa4_read_tuning(fa4_tuning *out) {
@@ -521,15 +600,11 @@ int32_t fa4_read_tuning(fa4_tuning *out) {
   out->bwd_store_first = read_switch(text.bwd_store_first);
   out->bwd_rotate = read_switch(text.bwd_rotate);
   out->bwd_clusters = read_switch(text.bwd_clusters);
-  const char *group = text.bwd_launch_group;
-  out->bwd_launch_group = FA4_AUTO;
-  if (group != NULL && group[0] != '\0') {
-    char *end;
-    long value = strtol(group, &end, 10);
-    if (*end != '\0' || value < 0 || value > 1024)
-      return refuse("FA4_BWD_LAUNCH_GROUP must be a number of (batch, head) pairs from 0 to 1024; got '%s'", group);
-    out->bwd_launch_group = (int32_t)value;
-  }
+  if (read_count(text.bwd_launch_group, "FA4_BWD_LAUNCH_GROUP", "(batch, head) pairs", 0, 1024,
+                 &out->bwd_launch_group) ||
+      read_count(text.bwd_turn_spacing, "FA4_BWD_TURN_SPACING", "chunks", 1, 16, &out->bwd_turn_spacing) ||
+      read_count(text.bwd_dq_writers, "FA4_BWD_DQ_WRITERS", "warps", 1, 2, &out->bwd_dq_writers))
+    return 1;
   const char *tiles = text.tiles;
   out->tiles = FA4_AUTO;
   if (tiles != NULL && tiles[0] != '\0') {

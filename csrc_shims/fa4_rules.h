@@ -70,15 +70,26 @@ int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks,
 
 double fa4_mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);
 int32_t fa4_bwd_store_first(int64_t num_n_blocks, double blocks_per_query_block, int32_t override);
-/* The rotation's period (0: none); override FA4_AUTO, 0 or 1 (FA4_BWD_ROTATE). */
+/* The rotation's period (0: none); override FA4_AUTO, 0 or 1 (FA4_BWD_ROTATE); spacing FA4_AUTO or
+ * the chunks a deterministic call's chunk is cut into (FA4_BWD_TURN_SPACING). */
 int32_t fa4_bwd_rotate(int32_t mask_kind, int32_t deterministic, int32_t store_first, int64_t num_n_blocks,
-                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override);
-/* The causal backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's
- * order); override FA4_AUTO or a group size (FA4_BWD_LAUNCH_GROUP). */
-int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t override);
+                       int32_t num_sms, int32_t tile_m, int32_t tile_n, int32_t override, int32_t spacing);
+/* The backward's CTAs launch in groups of this many (batch, head) pairs (0: the grid's order):
+ * causal calls, and deterministic unmasked ones rotated in several chunks (rotate: the period;
+ * pairs: batch * K/V heads); override FA4_AUTO or a group size (FA4_BWD_LAUNCH_GROUP). */
+int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t deterministic, int32_t rotate,
+                             int64_t num_n_blocks, int64_t pairs, int32_t num_sms, int32_t override);
 /* The backward's tile family (fa4_tile_family): FA4_TILES_LONG (2-CTA clusters) or regular;
  * long_built: the family is built for the call's key; override FA4_AUTO, 0 or 1 (FA4_BWD_CLUSTERS). */
 int32_t fa4_bwd_tile_family(int32_t varlen, int32_t deterministic, int32_t long_built, int32_t override);
+/* The backward kernel's deterministic argument: 0, or the dQ writer warps of deterministic turns
+ * (1 or 2); roles: a "keys_roles" variant (head_dim > 128); override FA4_AUTO or the writers
+ * (FA4_BWD_DQ_WRITERS). */
+int32_t fa4_bwd_dq_writers(int32_t deterministic, int32_t roles, int32_t varlen, int32_t mask_kind,
+                           int32_t head_dim, int64_t num_n_blocks, int32_t num_sms, int32_t override);
+/* The chunks a deterministic rotation is cut into, given the dQ writers; override FA4_AUTO or the
+ * chunks (FA4_BWD_TURN_SPACING). */
+int32_t fa4_bwd_turn_spacing(int32_t writers, int32_t override);
 /* 1 where a clustered launch should run given the clusters the device holds at once, else 0 (its
  * 1-CTA twin runs instead: fa4_variant.fallback). */
 int32_t fa4_clusters_fit(int32_t active_clusters, int32_t cluster_size, int32_t num_sms);
@@ -99,6 +110,8 @@ typedef struct {
   int32_t bwd_rotate;        /* FA4_BWD_ROTATE */
   int32_t bwd_launch_group;  /* FA4_BWD_LAUNCH_GROUP: pairs per group, >= 0 */
   int32_t bwd_clusters;      /* FA4_BWD_CLUSTERS */
+  int32_t bwd_turn_spacing;  /* FA4_BWD_TURN_SPACING: 1..16 */
+  int32_t bwd_dq_writers;    /* FA4_BWD_DQ_WRITERS: 1..2 */
   /* FA4_TRACE_SCHEDULE: traced calls of dynamically scheduled variants deal their tiles
      round-robin ("static": 1) or claim them as usual ("dynamic": 0). */
   int32_t trace_schedule;

@@ -416,12 +416,16 @@ int32_t fa4_bwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
                 "query blocks of %d rows) int32", variant->tile_m);
   if (num_seqs > 65535 || hk > 65535)
     return fail(FA4_ERR_BAD_TENSOR, "too many sequences or K/V heads for one launch (grid y/z <= 65535)");
-  /* Launch groups reorder the CTAs of one grid: window variants of dense batches only, and never
-     with deterministic turns (they follow the grid's order). */
+  /* Launch groups reorder the CTAs of one grid: window variants of dense batches without
+     deterministic turns (those follow the grid's order), and unmasked 1-CTA variants of dense
+     batches with rotated deterministic turns (chunk by chunk: fa4_bwd_launch_group). */
+  int32_t grouped_windows = variant->mask == FA4_MASK_LOCAL && !params->deterministic;
+  int32_t grouped_turns = variant->mask == FA4_MASK_NONE && variant->cluster <= 1 && params->deterministic &&
+                          params->rotate > 0;
   if (params->launch_group < 0 || params->launch_group > 1024 ||
-      (params->launch_group > 0 && (variant->mask != FA4_MASK_LOCAL || varlen || params->deterministic)))
-    return fail(FA4_ERR_BAD_TENSOR, "launch_group: 0, or 1..1024 pairs for a window variant of a dense batch "
-                "without deterministic mode");
+      (params->launch_group > 0 && (varlen || !(grouped_windows || grouped_turns))))
+    return fail(FA4_ERR_BAD_TENSOR, "launch_group: 0, or 1..1024 pairs for a dense batch's window variant without "
+                "deterministic mode or unmasked variant with rotated deterministic turns");
   fa4_tensor unused_table = {dq_semaphore->data, 4, {1, 1, 1, 1}, {1, 1, 1, 1}};
   fa4_tensor unused_bits = {dq_semaphore->data, 1, {1}, {1}};
   if (variant->mask == FA4_MASK_SPARSE) {

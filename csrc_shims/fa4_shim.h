@@ -60,13 +60,15 @@ typedef struct {
   int32_t window_right;
   int32_t num_n_blocks;  /* K/V blocks of tile_n keys of the longest sequence: the grid's x */
   int32_t has_seqused_k; /* varlen: 1 when seqused_k holds per-sequence key counts */
-  int32_t deterministic; /* 1: add into each query block's dQ rows in K/V-block order (dq_semaphore) */
+  int32_t deterministic; /* 1, 2: add into each query block's dQ rows in K/V-block order (dq_semaphore),
+                            with 1 or 2 dQ writer warps (fa4_bwd_dq_writers) */
   int32_t rotate;        /* > 0: no mask, the rotation's period: each K/V block starts at a query block of its own
                             (fa4_bwd_rotate, src/fa4_kernels/dq_order.py) */
   int32_t store_first;   /* 1: dq_accum not zeroed: a query block's first K/V block stores (packed sequences: whole
                             query blocks only, fa4_bwd_preprocess zeroing the rest) */
-  int32_t launch_group;  /* > 0: local variants of dense batches, not deterministic: the CTAs launch in groups of
-                            this many (batch, head) pairs (fa4_bwd_launch_group); 0: the grid's order */
+  int32_t launch_group;  /* > 0: the CTAs launch in groups of this many (batch, head) pairs (fa4_bwd_launch_group:
+                            dense batches' local variants, not deterministic, and unmasked ones with rotated
+                            deterministic turns); 0: the grid's order */
 } fa4_bwd_params;
 
 typedef struct {

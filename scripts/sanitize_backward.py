@@ -7,10 +7,12 @@ range starts and ends inside the sequence, several query blocks per CTA (the Q/d
 dS/P stages wrap), GQA groups looped inside a CTA, softcap, the gradient through the returned
 LSE, packed sequences with partial last K/V blocks (row-predicated dK/dV stores), empty and
 one-row documents, keys cut by seqused_k, rows outside every sequence (zeroed by the
-preprocess), and deterministic mode (the dQ turn counters; without a
-mask in the rotated order). hd256 also runs its 2-CTA cluster kernels (FA4_BWD_CLUSTERS=1, the
-window kernel's): odd K/V block counts (the last cluster's second CTA past the keys), causal pairs
-whose query ranges differ (seqlen_q != seqlen_k), a window, GQA, and the 1-CTA fallback.
+preprocess), and deterministic mode (the dQ turn counters; without a mask in the rotated order,
+also cut into two chunks launched in groups: FA4_BWD_TURN_SPACING=2; hd192 / hd256 also with two
+dQ writer warps: FA4_BWD_DQ_WRITERS=2). hd256 also runs its 2-CTA
+cluster kernels (FA4_BWD_CLUSTERS=1, the window kernel's): odd K/V block counts (the last
+cluster's second CTA past the keys), causal pairs whose query ranges differ (seqlen_q !=
+seqlen_k), a window, GQA, and the 1-CTA fallback.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_backward.py [DIM ...]
 
@@ -42,6 +44,10 @@ def family(d, dv):
     for kwargs in ({}, {"causal": True}, {"window": (70, 9)}, {"softcap": 20.0, "causal": True},
                    {"causal": True, "deterministic": True}, {"deterministic": True}):
         step(lambda q, k, v: fa4.attention(q, k, v, **kwargs), q, k, v)
+    # The rotation cut into 2 chunks launched chunk by chunk over launch groups of pairs.
+    deterministic_with({"FA4_BWD_TURN_SPACING": "2"}, [{}], q, k, v)
+    if d >= 192:  # "keys_roles": two dQ writer warps taking the query blocks alternately
+        deterministic_with({"FA4_BWD_DQ_WRITERS": "2"}, [{}, {"causal": True}, {"window": (70, 9)}], q, k, v)
     # GQA: 6 query heads on 2 K/V heads, seqlen_q != seqlen_k, gradient through the LSE.
     q = torch.randn(1, 333, 6, d, device=dev, dtype=bf16)
     k = torch.randn(1, 200, 2, d, device=dev, dtype=bf16)
@@ -71,6 +77,19 @@ def family(d, dv):
     for kwargs in ({}, {"causal": True}, {"window": (40, 40), "seqused_k": used}):
         step(lambda q, k, v: fa4.attention_varlen(q, k, v, cu_q + 7, cu_k + 3, max(lens_q), max(lens_k), **kwargs),
              q, k, v)
+
+
+def deterministic_with(settings, calls, q, k, v):
+    """Deterministic steps (each of ``calls``' keyword arguments) under run-time ``settings``."""
+    import os
+
+    os.environ.update(settings)
+    try:
+        for kwargs in calls:
+            step(lambda q, k, v: fa4.attention(q, k, v, deterministic=True, **kwargs), q, k, v)
+    finally:
+        for name in settings:
+            del os.environ[name]
 
 
 def clusters(d, dv):

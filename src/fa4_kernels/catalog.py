@@ -192,8 +192,13 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
 
 def select_variants(variants, pattern: str | None) -> list[VariantKey]:
     """Keep variants whose name contains every comma-separated fragment of ``pattern``, or of one
-    of its ``|``-separated alternatives ("bwd,d128|fwd,d128x128_causal")."""
+    of its ``|``-separated alternatives ("bwd,d128|fwd,d128x128_causal"); a fragment ending in
+    ``$`` must end the name ("bf16_d192x192_none$": not its softcap or varlen twins)."""
     if not pattern:
         return list(variants)
     alternatives = [[p.strip() for p in alt.split(",") if p.strip()] for alt in pattern.split("|")]
-    return [v for v in variants if any(all(p in v.name for p in parts) for parts in alternatives if parts)]
+
+    def has(name: str, fragment: str) -> bool:
+        return name.endswith(fragment[:-1]) if fragment.endswith("$") else fragment in name
+
+    return [v for v in variants if any(all(has(v.name, p) for p in parts) for parts in alternatives if parts)]

@@ -44,11 +44,16 @@ class BwdBarrier(enum.IntEnum):
     # every dQ GEMM reads all of them.
     DS_READY = 1
     # Per dQ part (ids 2, 3): the consumer warpgroup has staged its dQ part for the dQ writer.
-    # dq_store "stage": per part and Q/dO stage (ids 2-5; no DQ_EMPTY there): a warpgroup may
-    # stage the next block's part before the writer has taken this one (deterministic turns).
+    # "keys_roles": per part and Q/dO stage (ids 2-5), so that consecutive query blocks meet
+    # different barriers: with "stage" a warpgroup may stage the next block's part before the
+    # writer has taken this one, and with two dQ writers (deterministic turns) each writer
+    # waits on its own blocks' ids.
     DQ_FULL = 2
-    # Per dQ part (ids 4, 5; "tma"): the dQ writer's last reduce-add has read the part's buffer.
-    DQ_EMPTY = 4
+    # Per dQ part (ids 8, 9; "tma"): the dQ writer's last reduce-add has read the part's buffer.
+    DQ_EMPTY = 8
+    # Two dQ writers (deterministic turns, "keys_roles"): the second one's additions have all
+    # landed; the first one counts the CTA done after it (64 threads).
+    DQ_WRITERS = 10
     # K's and V's buffers are free for dK and dV (every dQ GEMM has read K), then filled.
     EPILOGUE = 6
     # "keys_roles": warpgroup 1 has written a query block's P^T (times the softcap derivative)

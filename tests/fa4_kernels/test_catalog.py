@@ -33,6 +33,10 @@ def test_filter_keeps_only_matching_variants():
     assert either and all(("fa4_bwd_sm" in v.name and "d64x64" in v.name)
                           or ("fwd" in v.name and "bf16" in v.name and "d96x96_none" in v.name) for v in either)
     assert {v.kernel for v in either} == {"bwd", "fwd"}
+    # A fragment ending in "$" ends the name: the variant itself, not its softcap or varlen twins.
+    exact = catalog.select_variants(catalog.all_variants(), "bwd_sm_90a_bf16_d192x192_none$")
+    assert [v.name for v in exact] == ["fa4_bwd_sm_90a_bf16_d192x192_none"]
+    assert len(catalog.select_variants(catalog.all_variants(), "bwd_sm_90a_bf16_d192x192_none")) > 1
 
 
 def test_backward_variants_cover_their_head_dims_and_fit_shared_memory():

@@ -378,6 +378,96 @@ def test_deterministic_rotated_turns(monkeypatch, dims, batch, seqlen_q, seqlen_
     assert not torch.equal(rotated[0], ascending[0])  # another order of additions: it did rotate
 
 
+# (dims, batch, seqlen_q, seqlen_k, heads_q, heads_kv, spacing): hd192 at 4000 keys is 63 blocks,
+# chunks of 32 in groups of 3 of its 6 pairs on 132 SMs (4 would leave a last group of 6 spread
+# over 192 CTAs); the others make one group.
+SPACED_CASES = [((64, 64), 4, 1000, 1000, 8, 2, 2), ((192, 192), 3, 777, 4000, 4, 2, 2),
+                ((256, 256), 2, 1300, 1300, 6, 3, 3)]
+
+
+@pytest.mark.parametrize("dims,batch,seqlen_q,seqlen_k,heads_q,heads_kv,spacing", SPACED_CASES,
+                         ids=[f"d{c[0][0]}-{c[2]}x{c[3]}-s{c[6]}" for c in SPACED_CASES])
+def test_deterministic_spaced_turns(monkeypatch, dims, batch, seqlen_q, seqlen_k, heads_q, heads_kv, spacing):
+    """FA4_BWD_TURN_SPACING cuts a deterministic call's rotation into chunks launched chunk by chunk
+    over launch groups of (batch, K/V head) pairs (fa4.heuristics.bwd_rotate / bwd_launch_group):
+    the launch takes the rules' period and group, the gradients are bitwise reproducible, match the
+    float64 reference, and those of one chunk up to the order of dQ's fp32 additions."""
+    from fa4 import heuristics
+
+    d, dv = dims
+    q, k, v = qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, torch.bfloat16)
+    scale = d ** -0.5
+    dout = torch.randn(q.shape[:-1] + (dv,), device="cuda", dtype=q.dtype)
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, False)
+
+    def run(setting):
+        monkeypatch.setenv("FA4_BWD_TURN_SPACING", setting)
+        poison_allocator()
+        got = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, False, deterministic=True)
+        return got, _native.last_launch("bwd")
+    spaced, record = run(str(spacing))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = -(-seqlen_k // (128 if d == 64 else 64))
+    period = heuristics.bwd_rotate("none", True, False, blocks, sms, tile=(1, 1), spacing=spacing)
+    group = heuristics.bwd_launch_group("none", False, True, period, blocks, pairs=batch * heads_kv, num_sms=sms)
+    assert (record["rotate"], record["launch_group"]) == (period, group) and period < blocks and group >= 2
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(spaced, run(str(spacing))[0]))
+    one_chunk, record = run("1")
+    assert (record["rotate"], record["launch_group"]) == (blocks, 0)
+    for a, b in zip(spaced, one_chunk):
+        assert rel_error(a, b) < 8e-3  # bf16 roundings of dQ may flip
+    ref = grads(lambda q, k, v: naive_attention(q, k, v, scale=scale)[0], (q.double(), k.double(), v.double()),
+                dout.double())
+    for name, g, r in zip("qkv", spaced, ref):
+        assert rel_error(g, r) < CEILING, name
+
+
+# (dims, mask, batch, seqlen_q, seqlen_k, rotate): the hd192 / hd256 kernels ("keys_roles"), the
+# staging buffer (192) and the Q/dO stage (256) as dQ's way out, odd lengths, GQA, turns in launch
+# order (masks, FA4_BWD_ROTATE=0) and rotated; one case with a single query block per K/V block.
+WRITER_CASES = [((192, 192), "none", 2, 1100, 1000, "1"), ((192, 192), "none", 2, 1100, 1000, "0"),
+                ((192, 192), "causal", 2, 1100, 1000, "1"), ((192, 192), "local", 1, 700, 1900, "1"),
+                ((256, 256), "none", 2, 1100, 1000, "1"), ((256, 256), "causal", 3, 517, 517, "1"),
+                ((256, 256), "none", 1, 50, 700, "1")]
+
+
+@pytest.mark.parametrize("dims,mask,batch,seqlen_q,seqlen_k,rotate", WRITER_CASES,
+                         ids=[f"d{c[0][0]}-{c[1]}-{c[3]}x{c[4]}-r{c[5]}" for c in WRITER_CASES])
+def test_deterministic_turns_with_two_dq_writers(monkeypatch, dims, mask, batch, seqlen_q, seqlen_k, rotate):
+    """FA4_BWD_DQ_WRITERS=2: the hd192 / hd256 kernels' deterministic turns with two dQ writer
+    warps taking a CTA's query blocks alternately (sm90/bwd.py write_dq's pair). The turns are the
+    same, so the gradients are bitwise those of one writer, run after run."""
+    d, dv = dims
+    causal, window = {"none": (False, (-1, -1)), "causal": (True, (-1, -1)), "local": (False, (300, 40))}[mask]
+    q, k, v = qkv(batch, seqlen_q, seqlen_k, 8, 2, d, dv, torch.bfloat16)
+    scale = d ** -0.5
+    dout = torch.randn(q.shape[:-1] + (dv,), device="cuda", dtype=q.dtype)
+    monkeypatch.setenv("FA4_BWD_ROTATE", rotate)
+    # One rotation for both writer counts (two writers default to 2 chunks: other turns).
+    monkeypatch.setenv("FA4_BWD_TURN_SPACING", "1")
+    out, lse = torch.ops.fa4.fwd(q, k, v, scale, causal, window[0], window[1])
+
+    def run(writers):
+        monkeypatch.setenv("FA4_BWD_DQ_WRITERS", writers)
+        poison_allocator()
+        got = torch.ops.fa4.bwd(dout, q, k, v, out, lse, None, scale, causal, window_left=window[0],
+                                window_right=window[1], deterministic=True)
+        return got, _native.last_launch("bwd")["deterministic"]
+    one, flag = run("1")
+    assert flag == 1
+    two, flag = run("2")
+    assert flag == 2
+    for _ in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(two, run("2")[0]))
+    for name, a, b in zip("qkv", one, two):
+        assert torch.equal(a, b), name
+    ref = grads(lambda q, k, v: naive_attention(q, k, v, causal=causal, window=window, scale=scale)[0],
+                (q.double(), k.double(), v.double()), dout.double())
+    for name, g, r in zip("qkv", two, ref):
+        assert rel_error(g, r) < CEILING, name
+
+
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (256, 256)], ids=lambda d: f"d{d[0]}")
 def test_causal_launch_groups(monkeypatch, dims):
     """Causal calls run the window kernel (catalog.BWD_MASKS) with their CTAs in launch groups of

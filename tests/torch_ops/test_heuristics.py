@@ -239,6 +239,14 @@ def test_backward_store_first_and_rotation():
     assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 128), override=True) == 132
     assert heuristics.bwd_rotate("none", True, True, 64, 132, tile=(64, 64), override=False) == 0
     assert heuristics.bwd_rotate("local", True, False, 64, 132) == 0
+    # Deterministic, spaced turns: the chunk cut into `spacing` chunks (the last may be shorter).
+    assert heuristics.bwd_rotate("none", True, False, 64, 132, tile=(64, 64), spacing=1) == 64
+    assert heuristics.bwd_rotate("none", True, False, 64, 132, tile=(64, 64), spacing=2) == 32
+    assert heuristics.bwd_rotate("none", True, False, 65, 132, tile=(64, 64), spacing=2) == 33
+    assert heuristics.bwd_rotate("none", True, False, 16, 132, tile=(64, 64), spacing=3) == 6
+    assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 64), override=True, spacing=2) == 66
+    assert heuristics.bwd_rotate("none", True, True, 256, 132, tile=(64, 64), spacing=2) == 0  # not rotated
+    assert heuristics.bwd_rotate("none", False, True, 64, 132, tile=(64, 64), spacing=2) == 64  # default mode
 
 
 def test_causal_backward_launches_in_groups_of_pairs():
@@ -255,6 +263,44 @@ def test_causal_backward_launches_in_groups_of_pairs():
     assert heuristics.bwd_launch_group("causal", False, True, override=16) == 0
 
 
+def test_spaced_deterministic_turns_launch_chunk_by_chunk():
+    """Unmasked deterministic calls rotated in several chunks launch every pair's first chunk
+    before its second: as many pairs as keep one chunk of each within the SMs (a turn may wait
+    for a later CTA of its chunk), none where fewer than two fit or the rotation has one chunk."""
+    def group(*args, pairs=64, **kwargs):
+        return heuristics.bwd_launch_group(*args, pairs=pairs, **kwargs)
+
+    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132) == 4
+    assert group("none", False, True, rotate=64, num_n_blocks=128, num_sms=132) == 2
+    assert group("none", False, True, rotate=8, num_n_blocks=16, num_sms=132) == 16
+    assert group("none", False, True, rotate=64, num_n_blocks=64, num_sms=132) == 0  # one chunk
+    assert group("none", False, True, rotate=0, num_n_blocks=64, num_sms=132) == 0
+    assert group("none", False, True, rotate=66, num_n_blocks=256, num_sms=132) == 2
+    assert group("none", False, True, rotate=100, num_n_blocks=200, num_sms=132) == 0  # one pair's chunk
+    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132, override=2) == 2
+    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132, override=64) == 4  # capped
+    assert group("none", False, True, rotate=32, num_n_blocks=64, num_sms=132, override=0) == 0
+    assert group("none", True, True, rotate=32, num_n_blocks=64, num_sms=132) == 0  # packed sequences
+    assert group("none", False, False, rotate=32, num_n_blocks=64, num_sms=132) == 0  # no turns
+    for kind in ("causal", "local"):
+        assert group(kind, False, True, rotate=32, num_n_blocks=64, num_sms=132) == 0
+    # The last group takes the leftover pairs: 66 pairs in groups of 4 end with one of 6 (192
+    # CTAs per chunk), so 3 (the last of 3 + 0) or fewer.
+    assert group("none", False, True, rotate=32, num_n_blocks=64, pairs=66, num_sms=132) == 3
+    assert group("none", False, True, rotate=32, num_n_blocks=64, pairs=3, num_sms=132) == 4  # one group of 3
+    # Through both rules, for the square-block kernels where deterministic calls rotate: every
+    # group, the last one included, keeps a chunk of each of its pairs within the SMs.
+    for blocks in (8, 16, 33, 64, 100, 128, 132):
+        for spacing in (1, 2, 3, 4):
+            for pairs in (1, 2, 5, 16, 63, 64, 66, 97):
+                rotate = heuristics.bwd_rotate("none", True, False, blocks, 132, tile=(64, 64), spacing=spacing)
+                size = group("none", False, True, rotate, blocks, pairs=pairs, num_sms=132)
+                last = pairs if size == 0 or pairs <= size else size + pairs % size
+                assert rotate * (last if size else 1) <= 132 or size == 0
+                if spacing == 1 or blocks == 1:
+                    assert size == 0
+
+
 def test_backward_clusters_only_where_forced():
     """The 2-CTA family only with FA4_BWD_CLUSTERS=1, where built; never packed or deterministic
     (the pair walks one query order); by default never (an H100 lost 13% with it)."""
@@ -266,6 +312,32 @@ def test_backward_clusters_only_where_forced():
         assert family(False, False, False, override=forced) == "regular"
         assert family(True, False, True, override=forced) == "regular"
         assert family(False, True, True, override=forced) == "regular"
+
+
+def test_backward_dq_writers():
+    """Deterministic turns of the hd192 / hd256 kernels take two dQ writer warps where session 54
+    measured them faster (csrc_shims/fa4_rules.c), with the rotation then cut into 2 chunks; the
+    default mode passes 0 (no turns) whatever the setting; FA4_BWD_DQ_WRITERS overrides."""
+    writers, spacing = heuristics.bwd_dq_writers, heuristics.bwd_turn_spacing
+    sms = 132
+    for d in (192, 256):
+        assert writers(False, d, "none", 16, sms) == 0 and writers(False, d, "none", 16, sms, override=2) == 0
+        # Rotated turns (a head's blocks within the SMs), 1k-8k: two writers, two chunks.
+        for blocks in (16, 64, 128, sms):
+            assert writers(True, d, "none", blocks, sms) == 2
+        # Causal: one writer up to 8k, two at 16k (blocks in (sms, 2 sms]), one at 32k.
+        for blocks, want in ((16, 1), (64, 1), (128, 1), (256, 2), (512, 1)):
+            assert writers(True, d, "causal", blocks, sms) == want, (d, blocks)
+        assert writers(True, d, "local", 256, sms) == 1  # windows: not measured
+        assert writers(True, d, "none", 256, sms, varlen=True) == 1  # packed sequences: not measured
+        assert writers(True, d, "none", 512, sms) == 1
+    # Unmasked 16k chains: hd192's staging buffer gains, hd256's Q/dO stage loses.
+    assert writers(True, 192, "none", 256, sms) == 2 and writers(True, 256, "none", 256, sms) == 1
+    for d in (64, 96, 128):  # "keys" kernels: one writer
+        assert writers(True, d, "none", 16, sms) == 1 and writers(True, d, "causal", 256, sms) == 1
+    assert writers(True, 128, "none", 16, sms, override=2) == 2 and writers(True, 256, "none", 16, sms, override=1) == 1
+    assert spacing(2) == 2 and spacing(1) == 1 and spacing(0) == 1
+    assert spacing(2, override=1) == 1 and spacing(1, override=3) == 3
 
 
 def test_clusters_run_only_where_the_device_fits_them():
@@ -314,11 +386,13 @@ def test_python_constants_match_the_rules_library():
 
 def test_tuning_settings_are_read_per_call(monkeypatch):
     for name in ("FA4_L2_SWIZZLE_MB", "FA4_PERSISTENT", "FA4_TILES", "FA4_SPLIT_TAIL", "FA4_BWD_STORE_FIRST",
-                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_BWD_CLUSTERS", "FA4_TRACE", "FA4_TRACE_SCHEDULE"):
+                 "FA4_BWD_ROTATE", "FA4_BWD_LAUNCH_GROUP", "FA4_BWD_CLUSTERS", "FA4_BWD_TURN_SPACING", "FA4_TRACE",
+                 "FA4_TRACE_SCHEDULE", "FA4_BWD_DQ_WRITERS"):
         monkeypatch.delenv(name, raising=False)
     assert heuristics.tuning() == {"l2_swizzle_bytes": None, "persistent": None, "tiles": None, "split_tail": None,
                                    "bwd_store_first": None, "bwd_rotate": None, "bwd_launch_group": None,
-                                   "bwd_clusters": None, "trace_schedule": None, "trace_path": None}
+                                   "bwd_clusters": None, "bwd_turn_spacing": None, "bwd_dq_writers": None,
+                                   "trace_schedule": None, "trace_path": None}
     monkeypatch.setenv("FA4_L2_SWIZZLE_MB", "1.5")
     monkeypatch.setenv("FA4_PERSISTENT", "0")
     monkeypatch.setenv("FA4_TILES", "long")
@@ -327,10 +401,23 @@ def test_tuning_settings_are_read_per_call(monkeypatch):
     monkeypatch.setenv("FA4_TRACE", "/tmp/some trace.jsonl")
     monkeypatch.setenv("FA4_TRACE_SCHEDULE", "static")
     monkeypatch.setenv("FA4_BWD_CLUSTERS", "0")
+    monkeypatch.setenv("FA4_BWD_TURN_SPACING", "2")
+    monkeypatch.setenv("FA4_BWD_DQ_WRITERS", "2")
     assert heuristics.tuning() == {"l2_swizzle_bytes": 3 << 19, "persistent": False, "tiles": "long",
                                    "split_tail": None, "bwd_store_first": None, "bwd_rotate": True,
-                                   "bwd_launch_group": 0, "bwd_clusters": False, "trace_schedule": "static",
+                                   "bwd_launch_group": 0, "bwd_clusters": False, "bwd_turn_spacing": 2,
+                                   "bwd_dq_writers": 2, "trace_schedule": "static",
                                    "trace_path": "/tmp/some trace.jsonl"}
+    for bad in ("0", "17", "two"):
+        monkeypatch.setenv("FA4_BWD_TURN_SPACING", bad)
+        with pytest.raises(ValueError, match="FA4_BWD_TURN_SPACING must be a number of chunks from 1 to 16"):
+            heuristics.tuning()
+    monkeypatch.delenv("FA4_BWD_TURN_SPACING")
+    for bad in ("0", "3"):
+        monkeypatch.setenv("FA4_BWD_DQ_WRITERS", bad)
+        with pytest.raises(ValueError, match="FA4_BWD_DQ_WRITERS must be a number of warps from 1 to 2"):
+            heuristics.tuning()
+    monkeypatch.delenv("FA4_BWD_DQ_WRITERS")
     monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "8")
     assert heuristics.tuning()["bwd_launch_group"] == 8
     monkeypatch.setenv("FA4_BWD_LAUNCH_GROUP", "four")

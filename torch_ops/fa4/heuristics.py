@@ -33,7 +33,8 @@ class MaskSpec:
 class _Tuning(ctypes.Structure):
     _fields_ = [("l2_swizzle_bytes", ctypes.c_int64)] + [
         (name, ctypes.c_int32) for name in ("persistent", "tiles", "split_tail", "bwd_store_first", "bwd_rotate",
-                                            "bwd_launch_group", "bwd_clusters", "trace_schedule")] + [
+                                            "bwd_launch_group", "bwd_clusters", "bwd_turn_spacing",
+                                            "bwd_dq_writers", "trace_schedule")] + [
         ("trace_path", ctypes.c_char_p)]
 
 
@@ -68,9 +69,11 @@ def rules() -> ctypes.CDLL:
         "fa4_kv_kernel_page_rows": (i64, [i64]),
         "fa4_mean_visible_keys": (f64, [i64, i64, _Mask]),
         "fa4_bwd_store_first": (i32, [i64, f64, i32]),
-        "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32]),
-        "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32]),
+        "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32, i32]),
+        "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32, i64, i64, i32, i32]),
         "fa4_bwd_tile_family": (i32, [i32, i32, i32, i32]),
+        "fa4_bwd_dq_writers": (i32, [i32, i32, i32, i32, i32, i64, i32, i32]),
+        "fa4_bwd_turn_spacing": (i32, [i32, i32]),
         "fa4_clusters_fit": (i32, [i32, i32, i32]),
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
         "fa4_stats_rows": (i64, [i64, i32, i64]),
@@ -100,14 +103,15 @@ def _spec(mask: _Mask) -> MaskSpec:
     return MaskSpec(MASK_KINDS[mask.kind], mask.window_left, mask.window_right)
 
 
-_COUNTS = ("l2_swizzle_bytes", "bwd_launch_group")  # tuning settings that are numbers, not switches
+# Tuning settings that are numbers, not switches.
+_COUNTS = ("l2_swizzle_bytes", "bwd_launch_group", "bwd_turn_spacing", "bwd_dq_writers")
 
 
 def tuning() -> dict:
     """The run-time tuning settings as the native operators read them now (FA4_L2_SWIZZLE_MB in
-    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_TRACE's path, FA4_TRACE_SCHEDULE's word, the others
-    None for unset, a bool, or FA4_TILES's family name); ValueError for a value a variable does not
-    take."""
+    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_BWD_TURN_SPACING's chunks, FA4_TRACE's path,
+    FA4_TRACE_SCHEDULE's word, the others None for unset, a bool, or FA4_TILES's family name);
+    ValueError for a value a variable does not take."""
     out = _Tuning()
     if rules().fa4_read_tuning(ctypes.byref(out)):
         raise ValueError(_error())
@@ -223,20 +227,27 @@ def bwd_store_first(num_n_blocks: int, blocks_per_query_block: float = 0.0, over
 
 
 def bwd_rotate(mask: str, deterministic: bool, store_first: bool, num_n_blocks: int, num_sms: int,
-               tile: tuple[int, int] = (128, 128), override: bool | None = None) -> int:
+               tile: tuple[int, int] = (128, 128), override: bool | None = None, spacing: int | None = None) -> int:
     """The backward's rotation period (0: none): without a mask, K/V blocks start on query blocks
     of their own, in chunks of this many blocks (src/fa4_kernels/dq_order.py). Deterministic mode
     rotates only the (tile_m, tile_n) = ``tile`` kernels it measured faster on, and only where a
-    head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs."""
+    head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs; it
+    cuts that chunk into ``spacing`` chunks (FA4_BWD_TURN_SPACING; default 1), whose visitors of
+    a query block come ``spacing`` steps apart."""
     return rules().fa4_bwd_rotate(MASK_KINDS.index(mask), int(deterministic), int(store_first), num_n_blocks,
-                                  num_sms, tile[0], tile[1], _tri(override))
+                                  num_sms, tile[0], tile[1], _tri(override), _AUTO if spacing is None else spacing)
 
 
-def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, override: int | None = None) -> int:
-    """(batch, head) pairs per launch group of the causal backward's CTAs (0: the grid's order):
-    dense, non-deterministic causal calls only; ``override`` (FA4_BWD_LAUNCH_GROUP) sets the size."""
-    return rules().fa4_bwd_launch_group(MASK_KINDS.index(mask), int(varlen), int(deterministic),
-                                        _AUTO if override is None else override)
+def bwd_launch_group(mask: str, varlen: bool, deterministic: bool, rotate: int = 0, num_n_blocks: int = 0,
+                     pairs: int = 0, num_sms: int = 0, override: int | None = None) -> int:
+    """(batch, head) pairs per launch group of the backward's CTAs (0: the grid's order): dense,
+    non-deterministic causal calls (``override``, FA4_BWD_LAUNCH_GROUP, sets the size), and
+    dense unmasked deterministic calls whose rotation (period ``rotate``) cuts a head's
+    ``num_n_blocks`` into several chunks: as many of the call's ``pairs`` (batch * K/V heads) as
+    keep one chunk of each within ``num_sms``, the last group's leftovers too (``override`` caps
+    it), so that every pair's first chunk runs before its second."""
+    return rules().fa4_bwd_launch_group(MASK_KINDS.index(mask), int(varlen), int(deterministic), rotate,
+                                        num_n_blocks, pairs, num_sms, _AUTO if override is None else override)
 
 
 def bwd_tile_family(varlen: bool, deterministic: bool, long_built: bool, override: bool | None = None) -> str:
@@ -246,6 +257,22 @@ def bwd_tile_family(varlen: bool, deterministic: bool, long_built: bool, overrid
     csrc_shims/fa4_rules.c)."""
     family = rules().fa4_bwd_tile_family(int(varlen), int(deterministic), int(long_built), _tri(override))
     return TILE_FAMILIES[family]
+
+
+def bwd_dq_writers(deterministic: bool, head_dim: int, mask: str, num_n_blocks: int, num_sms: int,
+                   varlen: bool = False, override: int | None = None) -> int:
+    """The backward kernel's deterministic argument: 0 (dQ added in any order), else the dQ writer
+    warps of its deterministic turns: 2 for the hd192 / hd256 kernels of dense batches where
+    measured faster (rotated turns without a mask; 16k-token chains, not hd256's unmasked ones),
+    else 1; ``override`` (FA4_BWD_DQ_WRITERS) sets it (csrc_shims/fa4_rules.c)."""
+    return rules().fa4_bwd_dq_writers(int(deterministic), int(head_dim > 128), int(varlen), MASK_KINDS.index(mask),
+                                      head_dim, num_n_blocks, num_sms, _AUTO if override is None else override)
+
+
+def bwd_turn_spacing(writers: int, override: int | None = None) -> int:
+    """The chunks a deterministic rotation is cut into: 2 with two dQ writers, else 1
+    (``override``: FA4_BWD_TURN_SPACING)."""
+    return rules().fa4_bwd_turn_spacing(writers, _AUTO if override is None else override)
 
 
 def clusters_fit(active_clusters: int, cluster_size: int, num_sms: int) -> bool:

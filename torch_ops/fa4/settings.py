@@ -2,8 +2,8 @@
 
 The tuning and trace settings the native operators apply per call (FA4_L2_SWIZZLE_MB,
 FA4_PERSISTENT, FA4_TILES, FA4_SPLIT_TAIL, FA4_BWD_STORE_FIRST, FA4_BWD_ROTATE, FA4_BWD_LAUNCH_GROUP,
-FA4_BWD_CLUSTERS, FA4_TRACE, FA4_TRACE_SCHEDULE) are read in one C function,
-``fa4_read_tuning`` (csrc_shims/fa4_rules.c). Build-time variables (FA4_ARCHS, FA4_VARIANTS,
+FA4_BWD_CLUSTERS, FA4_BWD_TURN_SPACING, FA4_BWD_DQ_WRITERS, FA4_TRACE, FA4_TRACE_SCHEDULE) are read in
+one C function, ``fa4_read_tuning`` (csrc_shims/fa4_rules.c). Build-time variables (FA4_ARCHS, FA4_VARIANTS,
 FA4_BUILD_JOBS, FA4_TRACE_VARIANTS, ...) belong to the build driver, ``fa4_kernels.aot.env_settings``.
 """
 import os

@@ -14,7 +14,8 @@ Roles (1 + 2 warpgroups: 384 threads):
   * warpgroup 0, warp 1: dQ writer. For each query block, once the consumers have put their
     dQ parts in shared memory, adds them into the fp32 dQ accumulator with one TMA reduce-add
     each, and hands the buffer back ("tma") or the stage to the producer ("stage") when the
-    copy has read it.
+    copy has read it. With deterministic turns in the "keys_roles" kernels of dense batches,
+    warp 2 may write too: the two take the blocks alternately (write_dq's ``pair``).
   * warpgroups 1, 2: consumers. Keys are the MMA rows: S^T = K @ Q^T and dP^T = V @ dO^T, so
     P^T and dS^T come out of the accumulators already laid out as the A operands of
     dV += P^T @ dO and dK += dS^T @ Q (from registers: 64 FLOP per shared-memory byte); dS^T
@@ -350,6 +351,8 @@ class FlashAttentionBackwardSm90:
         window_right: Int32,
         num_n_blocks: Int32,  # K/V blocks of the longest sequence (the grid's x)
         has_seqused_k: Int32,
+        # 0: dQ added in any order; 1: in deterministic turns; 2: the same, "keys_roles" variants
+        # with two dQ writer warps (write_dq's pair; the others take 2 as 1)
         deterministic: Int32,
         rotate: Int32,  # >0: without a mask, the rotation's period (dq_order; 0: none; see module doc)
         store_first: Int32,  # 1: mdQaccum is not zeroed; the first K/V block stores (module doc)
@@ -537,9 +540,15 @@ class FlashAttentionBackwardSm90:
             # read within L2). Deterministic turns follow the grid's order: they keep it (the
             # host never asks for both; the check keeps a bad launch from deadlocking).
             if launch_group > 0 and deterministic == 0:
-                blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
-                order = StaticPersistentScheduler(blocks, heads, batches, launch_group, False, Int32(0))
-                n_block, head_kv, batch_idx = order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
+                n_block, head_kv, batch_idx = self.launch_order(n_block, head_kv, batch_idx, launch_group)
+        if const_expr(not (self.is_local or self.is_varlen or self.block_sparse) and self.cluster_n == 1):
+            # Unmasked, deterministic, rotated in several chunks (dq_order: turns chunk by chunk,
+            # one query block per step; fa4_bwd_launch_group): the same groups put chunk 0 of
+            # every pair of a group before its chunk 1, so the GPU runs the first chunks of
+            # launch_group pairs side by side instead of a whole head, and a query block's
+            # visitors come one per `chunks` steps: each turn's hand-over has that long.
+            if launch_group > 0:
+                n_block, head_kv, batch_idx = self.launch_order(n_block, head_kv, batch_idx, launch_group)
         seq = SeqlenInfo.create(batch_idx, mQ.shape[0], mK.shape[0], self.is_varlen, mCuSeqlensQ, mCuSeqlensK,
                                 mSeqUsedK, has_seqused_k)
         if const_expr(self.is_local):
@@ -650,19 +659,43 @@ class FlashAttentionBackwardSm90:
                               pipeline_kv, pipeline_q, pipeline_do,
                               seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
                               sparse_tables)
-                if warp_idx == DQ_WRITER_WARP:
-                    write_dq = lambda rotated: self.write_dq(  # noqa: E731
+                # Deterministic turns with two dQ writers (deterministic == 2, "keys_roles" of dense
+                # batches; see write_dq): warp DQ_WRITER_WARP + 1, idle otherwise, takes every other
+                # block. Packed sequences take 2 as 1: the rotated turns' arithmetic beside theirs
+                # spilled the 24-register writer (8-10 words, unmasked hd192 / hd256 images).
+                pairs = const_expr(self.layout == "keys_roles" and not (self.block_sparse or self.is_varlen))
+                writer = warp_idx - DQ_WRITER_WARP
+                second = False
+                if const_expr(pairs):
+                    second = writer == 1 and deterministic == 2
+                if warp_idx == DQ_WRITER_WARP or second:
+                    write_dq = lambda rotated, pair: self.write_dq(  # noqa: E731
                         mdQ, sdQ_parts, tma_atom_dQ, tma_atom_dQ_store, mdQsemaphore, deterministic, store_first,
                         rotate, block_info, seq, n_block, head_kv, batch_idx, group, m_block_min, m_block_max, start,
-                        pipeline_q, pipeline_do, sparse_tables, rotated)
-                    if const_expr(self.is_local or self.block_sparse):
-                        write_dq(False)
+                        pipeline_q, pipeline_do, sparse_tables, rotated, writer, pair)
+                    if const_expr(self.block_sparse):
+                        write_dq(False, False)
+                    elif const_expr(self.is_local):
+                        if const_expr(pairs) and deterministic == 2:
+                            write_dq(False, True)
+                        else:
+                            write_dq(False, False)
                     else:
                         if deterministic != 0 and rotate != 0:
-                            write_dq(True)
+                            if const_expr(pairs) and deterministic == 2:
+                                write_dq(True, True)
+                            else:
+                                write_dq(True, False)
                         else:
-                            write_dq(False)
-                    self.count_done(mSeqDone, batch_idx, num_n_blocks, True)
+                            if const_expr(pairs) and deterministic == 2:
+                                write_dq(False, True)
+                            else:
+                                write_dq(False, False)
+                    if const_expr(pairs):
+                        if deterministic == 2:
+                            self.join_dq_writers(writer)
+                    if writer == 0:
+                        self.count_done(mSeqDone, batch_idx, num_n_blocks, True)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
                 tidx = cute.arch.thread_idx()[0] - THREADS_PER_WG
@@ -686,6 +719,30 @@ class FlashAttentionBackwardSm90:
             cute.arch.cluster_wait()
 
     @cute.jit
+    def launch_order(self, n_block: Int32, head_kv: Int32, batch_idx: Int32, launch_group: Int32):
+        """The CTA's (K/V block, head, batch) in groups of launch_group (batch, head) pairs: block
+        n of every pair of a group launches before block n + 1 (the forward's tile order)."""
+        blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
+        order = StaticPersistentScheduler(blocks, heads, batches, launch_group, False, Int32(0))
+        return order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
+
+    @cute.jit
+    def join_dq_writers(self, writer: Int32):
+        """Two dQ writers: writer 1's additions have landed (and are ordered, gpu scope, before
+        what writer 0 does next) before writer 0 counts the CTA done (count_done)."""
+        sync = 2 * cute.arch.WARP_SIZE
+        if writer == 1:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
+                fence_proxy_async_global()
+                cute.arch.fence_acq_rel_gpu()
+            cute.arch.sync_warp()
+            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_WRITERS), number_of_threads=sync)
+        else:
+            cute.arch.barrier(barrier_id=int(BwdBarrier.DQ_WRITERS), number_of_threads=sync)
+
+    @cute.jit
     def count_done(self, mSeqDone: cute.Tensor, batch_idx: Int32, num_n_blocks: Int32,
                    wrote_dq: cutlass.Constexpr[bool]):
         """The dQ writer warp, last thing in the CTA: once its dQ additions have landed (not just
@@ -702,8 +759,10 @@ class FlashAttentionBackwardSm90:
         # The sequence: the grid's z, read again here where no launch group reorders it (keeping
         # batch_idx, or a read the compiler merges with the kernel's first one, live to here cost
         # the writer's loop a register: its counter spilled, packed sequences without a mask).
+        # Dense batches may be reordered (launch_order: causal, and unmasked deterministic turns
+        # in several chunks): their batch_idx, which the writer's loop holds anyway.
         seq = batch_idx
-        if const_expr(not (self.is_local and not self.is_varlen)):
+        if const_expr(self.is_varlen or self.block_sparse):
             seq = ctaid_z_here()
         counted = cute.arch.block_idx()[0] < num_n_blocks
         if cute.arch.lane_idx() == 0 and counted:
@@ -979,6 +1038,8 @@ class FlashAttentionBackwardSm90:
         pipeline_do: pipeline.PipelineAsync,
         sparse_tables,
         rotated: cutlass.Constexpr[bool],
+        writer: Int32,
+        pair: cutlass.Constexpr[bool],
     ):
         """Adds each query block's dQ parts into the fp32 accumulator (TMA reduce-add), or with
         store_first stores them where this CTA is the block's first (claim_dq_block, or turn 0);
@@ -987,18 +1048,30 @@ class FlashAttentionBackwardSm90:
         block's Q/dO stage, handed back to the producer once the reduce-adds have read it.
         ``rotated``: deterministic turns in the rotation's arrival order (dq_order); the kernel
         picks an instance per call, since the rotated turns' arithmetic beside the default mode's
-        claims spilled the 24-register writer."""
+        claims spilled the 24-register writer.
+        ``pair`` (deterministic turns, "keys_roles"): two writer warps, ``writer`` 0 and 1, take
+        the CTA's query blocks alternately. Each hands its block's buffer back as soon as the
+        reduce-adds have read it, then waits for them to land and passes the turn, while the
+        other one already waits for its next block's turn and adds: a CTA's additions are no
+        longer one landing after another."""
         sync = THREADS_PER_WG + cute.arch.WARP_SIZE
         lane = cute.arch.lane_idx()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         claims = store_first != 0 and deterministic == 0
-        if const_expr(self.block_sparse or rotated):
+        if const_expr(self.block_sparse or rotated or pair):
             claims = False  # zero-and-add only; deterministic
         claim = Int32(0)  # the claim on the block the loop is at (claim_dq_block)
         waited = Int32(0)  # 1: the turn of the block the loop is at came while the previous block's landed
+        visit = Int32(0)  # pair: the CTA's visits so far (writer = visit parity)
         if claims:
             claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group, batch_idx,
                                         self.query_block(m_block_min, start, m_block_min, m_block_max), lane)
+        if const_expr(pair and self.dq_store == "tma"):
+            if writer == 0 and m_block_min < m_block_max:
+                # The buffer is free for the first block; each later block's is handed back by
+                # the writer of the block before it.
+                for p in cutlass.range_constexpr(self.dq_parts):
+                    cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
         for g in cutlass.range(group, unroll=1):
             head = head_kv * group + g
             gdQ = cute.local_tile(self.tile_view(mdQ, head, batch_idx, seq.offset_q), (self.dq_rows, self.dq_cols),
@@ -1006,89 +1079,114 @@ class FlashAttentionBackwardSm90:
             first_visit, end, sparse = self.head_visits(sparse_tables, batch_idx, head, n_block, m_block_min,
                                                         m_block_max)
             for i in cutlass.range(first_visit, end, unroll=1):
-                m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
-                if const_expr(self.dq_store == "tma"):
+                mine = True
+                if const_expr(pair):
+                    mine = (visit & 1) == writer
+                    visit += 1
+                if mine:
+                    m_block = self.visited_block(i, start, m_block_min, m_block_max, sparse, seq)
+                    if const_expr(self.dq_store == "tma" and not pair):
+                        for p in cutlass.range_constexpr(self.dq_parts):
+                            # The previous block's reduce-add of this part has read shared memory.
+                            cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
+                            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p,
+                                                     number_of_threads=sync)
+                    counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block,
+                                                 (rotate, m_block_min, m_block_max) if const_expr(rotated) else None)
+                    first = Int32(0)  # 1: store the parts (the accumulator's first write), not add them
+                    if deterministic != 0:
+                        if lane == 0 and waited == 0:
+                            self.wait_dq_turn(counter, turn, TURN_POLL_NS[rotated])
+                        waited = Int32(0)
+                        # The TMA copies below elect a lane among those active: all wait for lane 0.
+                        cute.arch.sync_warp()
+                        if store_first != 0 and turn == 0 and self.whole_query_block(seq, m_block):
+                            first = Int32(1)
+                    elif store_first != 0:
+                        if self.whole_query_block(seq, m_block):
+                            first = self.first_dq_store(claim, counter, lane)
+                        cute.arch.sync_warp()
+                        if const_expr(self.cluster_n > 1):
+                            if turn < 0:  # a cluster's block outside this CTA's range: zeros, added
+                                first = Int32(0)
                     for p in cutlass.range_constexpr(self.dq_parts):
-                        # The previous block's reduce-add of this part has read shared memory.
-                        cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
-                        cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p, number_of_threads=sync)
-                counter, turn = self.dq_turn(mdQsemaphore, block_info, seq, n_block, head, batch_idx, m_block,
-                                             (rotate, m_block_min, m_block_max) if const_expr(rotated) else None)
-                first = Int32(0)  # 1: store the parts (the accumulator's first write), not add them
-                if deterministic != 0:
-                    if lane == 0 and waited == 0:
-                        self.wait_dq_turn(counter, turn, TURN_POLL_NS[rotated])
-                    waited = Int32(0)
-                    # The TMA copies below elect a lane among those active: all wait for lane 0.
-                    cute.arch.sync_warp()
-                    if store_first != 0 and turn == 0 and self.whole_query_block(seq, m_block):
-                        first = Int32(1)
-                elif store_first != 0:
-                    if self.whole_query_block(seq, m_block):
-                        first = self.first_dq_store(claim, counter, lane)
-                    cute.arch.sync_warp()
-                    if const_expr(self.cluster_n > 1):
-                        if turn < 0:  # a cluster's block outside this CTA's range: zeros, added
-                            first = Int32(0)
-                for p in cutlass.range_constexpr(self.dq_parts):
-                    full_id = int(BwdBarrier.DQ_FULL) + p
-                    if const_expr(self.dq_store == "stage"):
-                        full_id = full_id + 2 * state.index
-                    cute.arch.barrier(barrier_id=full_id, number_of_threads=sync)
-                    row_block = m_block * (self.tile_m // self.dq_rows) + (p if const_expr(self.dq_split == "rows") else 0)
-                    col_block = p if const_expr(self.dq_split == "cols") else 0
-                    if const_expr(self.dq_store == "stage"):
-                        src = self.staged_dq_part(sdQ_parts, p, state.index)
-                    else:
-                        src = sdQ_parts[None, None, p]
-                    tsdQ, tgdQ = cpasync.tma_partition(
-                        tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(src, 0, 2),
-                        cute.group_modes(gdQ[None, None, row_block, col_block], 0, 2),
-                    )
-                    if first != 0:
-                        cute.copy(tma_atom_dQ_store, tsdQ, tgdQ)
-                    else:
-                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
-                    cute.arch.cp_async_bulk_commit_group()
-                if claims:
-                    # The next block's claim (in this head, or the next head's first block).
-                    next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
-                    if next_g < group:
-                        claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block, head_kv * group + next_g,
-                                                    batch_idx, self.query_block(next_i, start, m_block_min,
-                                                                                m_block_max), lane)
-                if deterministic != 0 or first != 0:
-                    # Not with rotated turns (their arithmetic spilled the 24-register writer
-                    # before) nor with a window over packed sequences (the next turn's window
-                    # arithmetic spilled it: fp16 hd256).
-                    if const_expr(not (rotated or self.block_sparse or (self.is_local and self.is_varlen))):
-                        if deterministic != 0:
-                            # The next block's turn, read once while this block's additions are
-                            # on their way: where it has come (a long sequence's steady state),
-                            # the writer skips the poll's round trip after passing this turn.
-                            # Only a look, never a wait: holding this block's turn until the
-                            # next one comes delays the blocks behind (1k-4k 7-17% slower).
-                            next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
-                            if next_g < group:
-                                next_counter, next_turn = self.dq_turn(
-                                    mdQsemaphore, block_info, seq, n_block, head_kv * group + next_g, batch_idx,
-                                    self.query_block(next_i, start, m_block_min, m_block_max))
-                                if lane == 0:
-                                    waited = self.dq_turn_came(next_counter, next_turn)
-                    # The block's additions (the next turn), or its first store (the others add
-                    # after it), have landed: count them. Every lane waits for its own bulk
-                    # groups (the elected one issued the copies).
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        self.pass_dq_turn(counter, turn)
-                if const_expr(self.dq_store == "stage"):
-                    # Every lane waits for its own bulk groups (the elected one issued the copies).
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.sync_warp()
-                    pipeline_q.consumer_release(state)
-                    pipeline_do.consumer_release(state)
-                    state.advance()
+                        full_id = int(BwdBarrier.DQ_FULL) + p
+                        if const_expr(self.layout == "keys_roles"):
+                            full_id = full_id + 2 * state.index
+                        cute.arch.barrier(barrier_id=full_id, number_of_threads=sync)
+                        row_block = m_block * (self.tile_m // self.dq_rows) + (
+                            p if const_expr(self.dq_split == "rows") else 0)
+                        col_block = p if const_expr(self.dq_split == "cols") else 0
+                        if const_expr(self.dq_store == "stage"):
+                            src = self.staged_dq_part(sdQ_parts, p, state.index)
+                        else:
+                            src = sdQ_parts[None, None, p]
+                        tsdQ, tgdQ = cpasync.tma_partition(
+                            tma_atom_dQ, 0, cute.make_layout(1), cute.group_modes(src, 0, 2),
+                            cute.group_modes(gdQ[None, None, row_block, col_block], 0, 2),
+                        )
+                        if first != 0:
+                            cute.copy(tma_atom_dQ_store, tsdQ, tgdQ)
+                        else:
+                            cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                        cute.arch.cp_async_bulk_commit_group()
+                    if const_expr(pair):
+                        # The block's buffer (or Q/dO stage) back as soon as the reduce-adds have
+                        # read it, before they land: the consumers stage the next block for the
+                        # other writer meanwhile. Every lane waits for its own bulk groups.
+                        if const_expr(self.dq_store == "tma"):
+                            for p in cutlass.range_constexpr(self.dq_parts):
+                                cute.arch.cp_async_bulk_wait_group(self.dq_parts - 1 - p, read=True)
+                                if i != end - 1 or g != group - 1:  # none after the CTA's last block
+                                    cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p,
+                                                             number_of_threads=sync)
+                        else:
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.sync_warp()
+                            pipeline_q.consumer_release(state)
+                            pipeline_do.consumer_release(state)
+                    if claims:
+                        # The next block's claim (in this head, or the next head's first block).
+                        next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
+                        if next_g < group:
+                            claim = self.claim_dq_block(mdQsemaphore, block_info, seq, n_block,
+                                                        head_kv * group + next_g, batch_idx,
+                                                        self.query_block(next_i, start, m_block_min, m_block_max),
+                                                        lane)
+                    if deterministic != 0 or first != 0:
+                        # Not with rotated turns (their arithmetic spilled the 24-register writer
+                        # before) nor with a window over packed sequences (the next turn's window
+                        # arithmetic spilled it: fp16 hd256), nor with two writers (the other
+                        # writer's block is next).
+                        if const_expr(not (rotated or pair or self.block_sparse or (self.is_local and self.is_varlen))):
+                            if deterministic != 0:
+                                # The next block's turn, read once while this block's additions are
+                                # on their way: where it has come (a long sequence's steady state),
+                                # the writer skips the poll's round trip after passing this turn.
+                                # Only a look, never a wait: holding this block's turn until the
+                                # next one comes delays the blocks behind (1k-4k 7-17% slower).
+                                next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
+                                if next_g < group:
+                                    next_counter, next_turn = self.dq_turn(
+                                        mdQsemaphore, block_info, seq, n_block, head_kv * group + next_g, batch_idx,
+                                        self.query_block(next_i, start, m_block_min, m_block_max))
+                                    if lane == 0:
+                                        waited = self.dq_turn_came(next_counter, next_turn)
+                        # The block's additions (the next turn), or its first store (the others add
+                        # after it), have landed: count them. Every lane waits for its own bulk
+                        # groups (the elected one issued the copies).
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            self.pass_dq_turn(counter, turn)
+                    if const_expr(self.dq_store == "stage" and not pair):
+                        # Every lane waits for its own bulk groups (the elected one issued the copies).
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.sync_warp()
+                        pipeline_q.consumer_release(state)
+                        pipeline_do.consumer_release(state)
+                if const_expr(self.layout == "keys_roles"):
+                    state.advance()  # the Q/dO stage of the next block: its DQ_FULL ids and its stage
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -1679,6 +1777,10 @@ class FlashAttentionBackwardSm90:
         ``stage`` ("stage")."""
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             acc_dQ[i] = acc_dQ[i] * softmax_scale
+        # "keys_roles" (the callers pass the stage): the part's DQ_FULL id per Q/dO stage.
+        full_id = int(BwdBarrier.DQ_FULL) + part
+        if const_expr(stage is not None):
+            full_id = full_id + 2 * stage
         if const_expr(self.dq_store == "stage"):
             # One warpgroup's (64, dq_cols) part: the copy partitioned over its own threads.
             part_mma = sm90_utils.make_trivial_tiled_mma(
@@ -1691,8 +1793,7 @@ class FlashAttentionBackwardSm90:
             dst = self.staged_dq_part(sdQ, part, stage)
             cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(dst))
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part + 2 * stage,
-                                     number_of_threads=THREADS_PER_WG + cute.arch.WARP_SIZE)
+            cute.arch.barrier_arrive(barrier_id=full_id, number_of_threads=THREADS_PER_WG + cute.arch.WARP_SIZE)
         else:
             # dQ^T's element pairs are two rows of the staged dQ: 4-byte stores (a warp's 32 land
             # on 4 rows of 8 columns, on distinct banks under the 128-byte swizzle).
@@ -1711,7 +1812,7 @@ class FlashAttentionBackwardSm90:
             else:
                 cute.copy(smem_copy_dQ, smem_copy_dQ.retile(acc_dQ), smem_copy_dQ.partition_D(sdQ))
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_FULL) + part, number_of_threads=sync)
+            cute.arch.barrier_arrive(barrier_id=full_id, number_of_threads=sync)
 
     @cute.jit
     def stage_dq_pairs(self, smem_copy_dQ, src: cute.Tensor, dst: cute.Tensor, tidx: Int32):
