@@ -454,8 +454,8 @@ int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t determin
  * one dQ writer warp) or 2 (the same with two writer warps taking a CTA's query blocks
  * alternately, sm90/bwd.py write_dq's pair: one block's reduce-adds land, and its turn passes,
  * while the other warp waits for the next block's turn and issues its adds). "keys_roles"
- * variants of dense batches only (roles: hd192x128, hd192, hd256; the others, and packed sequences,
- * whose writer spilled with both, treat 2 as 1).
+ * variants of dense batches only (roles: hd192x128, hd192, hd256); the "keys" kernels and packed
+ * sequences (whose writer spilled with two) take 2 as 1.
  * Measured (session 54, one H100, bf16 16k tokens of hidden 2048, scripts/bwd_ab.py, fwd+bwd,
  * deterministic / default, one writer -> two):
  *  - rotated turns (no mask, a head's blocks within num_sms), with the rotation cut into 2 chunks

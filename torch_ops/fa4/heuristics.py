@@ -232,8 +232,8 @@ def bwd_rotate(mask: str, deterministic: bool, store_first: bool, num_n_blocks: 
     of their own, in chunks of this many blocks (src/fa4_kernels/dq_order.py). Deterministic mode
     rotates only the (tile_m, tile_n) = ``tile`` kernels it measured faster on, and only where a
     head's blocks fit the GPU at once (``num_sms``), since its turns may wait for later CTAs; it
-    cuts that chunk into ``spacing`` chunks (FA4_BWD_TURN_SPACING; default 1), whose visitors of
-    a query block come ``spacing`` steps apart."""
+    cuts that chunk into ``spacing`` chunks (None: 1; the native op passes bwd_turn_spacing's
+    choice: 2 with two dQ writers), whose visitors of a query block come ``spacing`` steps apart."""
     return rules().fa4_bwd_rotate(MASK_KINDS.index(mask), int(deterministic), int(store_first), num_n_blocks,
                                   num_sms, tile[0], tile[1], _tri(override), _AUTO if spacing is None else spacing)
 
