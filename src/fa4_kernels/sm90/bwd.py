@@ -676,21 +676,12 @@ class FlashAttentionBackwardSm90:
                     if const_expr(self.block_sparse):
                         write_dq(False, False)
                     elif const_expr(self.is_local):
-                        if const_expr(pairs) and deterministic == 2:
-                            write_dq(False, True)
-                        else:
-                            write_dq(False, False)
+                        self.write_dq_by_writers(write_dq, False, pairs, deterministic)
                     else:
                         if deterministic != 0 and rotate != 0:
-                            if const_expr(pairs) and deterministic == 2:
-                                write_dq(True, True)
-                            else:
-                                write_dq(True, False)
+                            self.write_dq_by_writers(write_dq, True, pairs, deterministic)
                         else:
-                            if const_expr(pairs) and deterministic == 2:
-                                write_dq(False, True)
-                            else:
-                                write_dq(False, False)
+                            self.write_dq_by_writers(write_dq, False, pairs, deterministic)
                     if const_expr(pairs):
                         if deterministic == 2:
                             self.join_dq_writers(writer)
@@ -725,6 +716,16 @@ class FlashAttentionBackwardSm90:
         blocks, heads, batches = (Int32(d) for d in cute.arch.grid_dim())
         order = StaticPersistentScheduler(blocks, heads, batches, launch_group, False, Int32(0))
         return order.coordinates(n_block + blocks * (head_kv + heads * batch_idx))
+
+    @cute.jit
+    def write_dq_by_writers(self, write_dq, rotated: cutlass.Constexpr, pairs: cutlass.Constexpr,
+                            deterministic: Int32):
+        """write_dq's two-writer instance where two writers run (deterministic == 2, kernels whose
+        producer warpgroup has the pair: ``pairs``), its one-writer instance otherwise."""
+        if const_expr(pairs) and deterministic == 2:
+            write_dq(rotated, True)
+        else:
+            write_dq(rotated, False)
 
     @cute.jit
     def join_dq_writers(self, writer: Int32):
