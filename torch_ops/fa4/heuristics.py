@@ -109,8 +109,8 @@ _COUNTS = ("l2_swizzle_bytes", "bwd_launch_group", "bwd_turn_spacing", "bwd_dq_w
 
 def tuning() -> dict:
     """The run-time tuning settings as the native operators read them now (FA4_L2_SWIZZLE_MB in
-    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_BWD_TURN_SPACING's chunks, FA4_TRACE's path,
-    FA4_TRACE_SCHEDULE's word, the others None for unset, a bool, or FA4_TILES's family name);
+    bytes, FA4_BWD_LAUNCH_GROUP's pairs, FA4_BWD_TURN_SPACING's chunks, FA4_BWD_DQ_WRITERS's warps,
+    FA4_TRACE's path, FA4_TRACE_SCHEDULE's word, the others None for unset, a bool, or FA4_TILES's family name);
     ValueError for a value a variable does not take."""
     out = _Tuning()
     if rules().fa4_read_tuning(ctypes.byref(out)):
