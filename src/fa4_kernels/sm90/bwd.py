@@ -1142,10 +1142,7 @@ class FlashAttentionBackwardSm90:
                                     cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.DQ_EMPTY) + p,
                                                              number_of_threads=sync)
                         else:
-                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                            cute.arch.sync_warp()
-                            pipeline_q.consumer_release(state)
-                            pipeline_do.consumer_release(state)
+                            self.release_stage(pipeline_q, pipeline_do, state)
                     if claims:
                         # The next block's claim (in this head, or the next head's first block).
                         next_i, next_g = self.next_visit(i, g, m_block_min, m_block_max)
@@ -1181,14 +1178,20 @@ class FlashAttentionBackwardSm90:
                         if lane == 0:
                             self.pass_dq_turn(counter, turn)
                     if const_expr(self.dq_store == "stage" and not pair):
-                        # Every lane waits for its own bulk groups (the elected one issued the copies).
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                        cute.arch.sync_warp()
-                        pipeline_q.consumer_release(state)
-                        pipeline_do.consumer_release(state)
+                        self.release_stage(pipeline_q, pipeline_do, state)
                 if const_expr(self.layout == "keys_roles"):
                     state.advance()  # the Q/dO stage of the next block: its DQ_FULL ids and its stage
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def release_stage(self, pipeline_q, pipeline_do, state):
+        """"stage": the block's Q/dO stage back to the producer once the writer's reduce-adds have
+        read the dQ parts staged in it. Every lane waits for its own bulk groups (the elected one
+        issued the copies)."""
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.sync_warp()
+        pipeline_q.consumer_release(state)
+        pipeline_do.consumer_release(state)
 
     @cute.jit
     def staged_dq_part(self, sdQ_parts, part: int, stage: Int32) -> cute.Tensor:
