@@ -1209,7 +1209,7 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k,
   }
   phases.mark("gradients");
   // Deterministic turns' dQ writer warps (0: not deterministic), and the chunks of their rotation.
-  const int32_t dq_writers = fa4_bwd_dq_writers(deterministic, d > 128, varlen != nullptr, mask.kind, (int32_t)d,
+  const int32_t dq_writers = fa4_bwd_dq_writers(deterministic, varlen != nullptr, mask.kind, (int32_t)d,
                                                 num_n_blocks, dev.num_sms, tune.bwd_dq_writers);
   int32_t rotate = fa4_bwd_rotate(mask.kind, deterministic, store_first, num_n_blocks, dev.num_sms, main_v.tile_m,
                                   main_v.tile_n, tune.bwd_rotate,

@@ -471,10 +471,12 @@ int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t determin
  *    -> 0.879, 0.872 -> 0.817), hd256 causal 8k 0.843 -> 0.804, 32k (hd192 0.817 -> 0.727; hd256
  *    0.884 -> 0.563), where the second writer gives up the next turn's early look (write_dq).
  * override: FA4_AUTO or the writers (FA4_BWD_DQ_WRITERS). */
-int32_t fa4_bwd_dq_writers(int32_t deterministic, int32_t roles, int32_t varlen, int32_t mask_kind,
-                           int32_t head_dim, int64_t num_n_blocks, int32_t num_sms, int32_t override) {
+int32_t fa4_bwd_dq_writers(int32_t deterministic, int32_t varlen, int32_t mask_kind, int32_t head_dim,
+                           int64_t num_n_blocks, int32_t num_sms, int32_t override) {
   if (!deterministic) return 0;
   if (override != FA4_AUTO) return override;
+  /* The "keys_roles" layout is the one of head dims above 128 (fa4_kernels.heuristics). */
+  const int32_t roles = head_dim > 128;
   if (!roles || varlen || num_sms <= 0) return 1;
   if (mask_kind == FA4_MASK_NONE && num_n_blocks <= num_sms) return 2;
   int32_t long_chain = num_n_blocks > num_sms && num_n_blocks <= 2 * (int64_t)num_sms;

@@ -83,10 +83,9 @@ int32_t fa4_bwd_launch_group(int32_t mask_kind, int32_t varlen, int32_t determin
  * long_built: the family is built for the call's key; override FA4_AUTO, 0 or 1 (FA4_BWD_CLUSTERS). */
 int32_t fa4_bwd_tile_family(int32_t varlen, int32_t deterministic, int32_t long_built, int32_t override);
 /* The backward kernel's deterministic argument: 0, or the dQ writer warps of deterministic turns
- * (1 or 2); roles: a "keys_roles" variant (head_dim > 128); override FA4_AUTO or the writers
- * (FA4_BWD_DQ_WRITERS). */
-int32_t fa4_bwd_dq_writers(int32_t deterministic, int32_t roles, int32_t varlen, int32_t mask_kind,
-                           int32_t head_dim, int64_t num_n_blocks, int32_t num_sms, int32_t override);
+ * (1 or 2); override FA4_AUTO or the writers (FA4_BWD_DQ_WRITERS). */
+int32_t fa4_bwd_dq_writers(int32_t deterministic, int32_t varlen, int32_t mask_kind, int32_t head_dim,
+                           int64_t num_n_blocks, int32_t num_sms, int32_t override);
 /* The chunks a deterministic rotation is cut into, given the dQ writers; override FA4_AUTO or the
  * chunks (FA4_BWD_TURN_SPACING). */
 int32_t fa4_bwd_turn_spacing(int32_t writers, int32_t override);

@@ -72,7 +72,7 @@ def rules() -> ctypes.CDLL:
         "fa4_bwd_rotate": (i32, [i32, i32, i32, i64, i32, i32, i32, i32, i32]),
         "fa4_bwd_launch_group": (i32, [i32, i32, i32, i32, i64, i64, i32, i32]),
         "fa4_bwd_tile_family": (i32, [i32, i32, i32, i32]),
-        "fa4_bwd_dq_writers": (i32, [i32, i32, i32, i32, i32, i64, i32, i32]),
+        "fa4_bwd_dq_writers": (i32, [i32, i32, i32, i32, i64, i32, i32]),
         "fa4_bwd_turn_spacing": (i32, [i32, i32]),
         "fa4_clusters_fit": (i32, [i32, i32, i32]),
         "fa4_keyless_rows": (i64, [i64, i64, _Mask]),
@@ -265,8 +265,8 @@ def bwd_dq_writers(deterministic: bool, head_dim: int, mask: str, num_n_blocks: 
     warps of its deterministic turns: 2 for the hd192 / hd256 kernels of dense batches where
     measured faster (rotated turns without a mask; 16k-token chains, not hd256's unmasked ones),
     else 1; ``override`` (FA4_BWD_DQ_WRITERS) sets it (csrc_shims/fa4_rules.c)."""
-    return rules().fa4_bwd_dq_writers(int(deterministic), int(head_dim > 128), int(varlen), MASK_KINDS.index(mask),
-                                      head_dim, num_n_blocks, num_sms, _AUTO if override is None else override)
+    return rules().fa4_bwd_dq_writers(int(deterministic), int(varlen), MASK_KINDS.index(mask), head_dim,
+                                      num_n_blocks, num_sms, _AUTO if override is None else override)
 
 
 def bwd_turn_spacing(writers: int, override: int | None = None) -> int:
