@@ -1,7 +1,8 @@
 """One KV-cache decoding shape (bf16 hd128, 32/8 heads, one query token or SEQLEN_Q causal ones:
 speculative verification), for profilers: the kernels each call launches and their GPU times
-(torch.profiler over CUDA-graph replays), fa4 beside SDPA; or, with ``ncu``, just the calls to
-profile.
+(torch.profiler over CUDA-graph replays) and the boundaries between them (programmatic dependent
+launch lets a kernel start before its predecessor ends), fa4 beside SDPA; or, with ``ncu``, just
+the calls to profile.
 
     python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa|trace] [NUM_SPLITS[,NUM_SPLITS...]] [SEQLEN_Q]
     ncu --clock-control none -k regex:kvcache --launch-skip 3 --launch-count 1 \
@@ -80,3 +81,13 @@ for name, call in calls.items():
         kernels.setdefault(e.name, []).append(e.device_time)
     for kname, times in kernels.items():
         print(f"   {len(times) // 20} x {kname[:110]}: {sum(times) / len(times):.1f} us")
+    # The replay's kernels in start order: the gap from each kernel's end to the next one's start
+    # (negative where a kernel launched with programmatic dependent launch began before its
+    # predecessor ended) and the start-to-start period, to set the kernels' own time apart from
+    # the boundaries between them.
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events)
+    if len(spans) > 1:
+        gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
+        print(f"   boundaries: gap end->next start mean {sum(gaps) / len(gaps):.2f} us "
+              f"(min {min(gaps):.2f}, max {max(gaps):.2f}); first start to last end "
+              f"{spans[-1][1] - spans[0][0]:.1f} us for {len(spans)} kernels")
