@@ -3,8 +3,12 @@
 
 One query token, bf16, head_dim 128, 32 query heads on 8 K/V heads, batch x cache length as in
 the serving issue. Reported as GB/s of K and V read (batch * length * heads_kv * (d + d_v) * 2
-bytes per call), two ways: eager back-to-back calls (host time included: what a Python serving
-loop gets) and CUDA-graph replays (GPU time). Beside fa4 (contiguous cache; paged with 16- and
+bytes per call), three ways: eager back-to-back calls (host time included: what a Python serving
+loop gets), CUDA-graph replays of back-to-back calls (GPU time), and "step": CUDA-graph replays
+with a small unrelated kernel between the calls, whose own time is taken off. In a serving step
+attention sits between other kernels (projections, norms), so a kernel launched with
+programmatic dependent launch cannot start its set-up under the previous attention call's end
+there, as it can back to back. Beside fa4 (contiguous cache; paged with 16- and
 64-row pages, the same memory seen through a shuffled page table; contiguous with one appended
 token), torch SDPA (default backend, enable_gqa) and a device copy of the same bytes (read +
 write over time; by cudaMemcpyAsync and by an SM kernel, which differ under graphs), all in the
@@ -64,6 +68,20 @@ def graph_ms(fn, iters: int, calls: int = 20) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
+
+
+def step_ms(fn, iters: int, calls: int = 20) -> float:
+    """``graph_ms`` of the calls with a small elementwise kernel after each one, less that kernel's
+    own graph time per call: the call's cost where other kernels run before and after it."""
+    spacer = torch.zeros(1024, device="cuda")
+
+    def bump():
+        spacer.add_(1.0)
+
+    def call_then_bump():
+        fn()
+        bump()
+    return graph_ms(call_then_bump, iters, calls) - graph_ms(bump, iters, calls)
 
 
 def rate(moved: float, fn, iters: int) -> tuple[float, float]:
@@ -165,7 +183,7 @@ def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=
 
 def run(args, dtype) -> None:
     print("\nKV-cache decoding: bf16 hd128, 32 query / 8 K/V heads, 1 query token; GB/s of K+V read "
-          "(copy: read + write), eager back-to-back | CUDA graph")
+          "(copy: read + write), eager back-to-back | CUDA graph | step (graph, a kernel between calls)")
     for batch, length in SHAPES:
         calls, nbytes = providers(batch, length, dtype)
         cells = []
@@ -174,7 +192,9 @@ def run(args, dtype) -> None:
             try:
                 eager = eager_ms(fn, args.iters)
                 replay = graph_ms(fn, args.iters)
-                cells.append(f"{name} {moved / (eager * 1e-3) / 1e9:5.0f} | {moved / (replay * 1e-3) / 1e9:5.0f}")
+                step = step_ms(fn, args.iters)
+                cells.append(f"{name} {moved / (eager * 1e-3) / 1e9:5.0f} | {moved / (replay * 1e-3) / 1e9:5.0f}"
+                             f" | {moved / (step * 1e-3) / 1e9:5.0f}")
             except Exception as e:  # a peer may not run a shape; say so and go on
                 cells.append(f"{name} failed: {type(e).__name__}: {str(e)[:80]}")
         print(f"{batch:3d} x {length // 1024:4d}k  " + "   ".join(cells), flush=True)
