@@ -115,6 +115,9 @@ extern const int32_t fa4_seq_order_in_kernel;
 /* The one mask kind of the KV-cache forwards (fa4_kernels.catalog.KV_CACHE_MASKS): every KV-cache
    call runs it, its own mask given as a window. */
 extern const int32_t fa4_kv_cache_mask;
+/* The masks with a KV-cache twin beside the window kernel (fa4_kernels.catalog.KV_CACHE_TWIN_MASKS,
+   no softcap), as bits 1 << kind: a call left with such a mask runs its twin where built. */
+extern const int32_t fa4_kv_cache_twin_masks;
 /* The mask kind of the backward kernels that serve causal calls (fa4_kernels.catalog.BWD_MASKS): the
    window's, the call's window given as it is. */
 extern const int32_t fa4_bwd_causal_mask;

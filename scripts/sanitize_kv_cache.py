@@ -4,7 +4,8 @@ paged (16-, 48- and 64-row pages) and contiguous caches, appended rows written b
 and read by the producer's TMA after the KV_APPEND barrier, causal chunks of queries (static
 schedule, split like a decoding step) with appends, explicit split counts, a local window
 (dynamic schedule), page ids past the cache (clamped: no access outside it), and verification
-tiles whose pieces all merge.
+tiles whose pieces all merge. Calls whose rows see every key (one token; non-causal without a
+window) run the unmasked twin (catalog.KV_CACHE_TWIN_MASKS), the others the window kernel.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_kv_cache.py
 """

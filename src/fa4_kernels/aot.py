@@ -594,6 +594,8 @@ def generate_table(keys) -> str:
     out.append(f"const int32_t fa4_seq_order_in_kernel = {SEQ_ORDER_IN_KERNEL};")
     (kv_mask,) = catalog.KV_CACHE_MASKS
     out.append(f"const int32_t fa4_kv_cache_mask = {MASK_CODES[kv_mask]};")
+    twins = " | ".join(f"(1 << {MASK_CODES[mask]})" for mask in catalog.KV_CACHE_TWIN_MASKS) or "0"
+    out.append(f"const int32_t fa4_kv_cache_twin_masks = {twins};")
     bwd_causal = "causal" if "causal" in catalog.BWD_MASKS else "local"
     out.append(f"const int32_t fa4_bwd_causal_mask = {MASK_CODES[bwd_causal]};")
     out += trace_layout_c()

@@ -35,9 +35,19 @@ ALIBI_SLOPE_TERMS = 3
 # arguments here (the decoding calls they serve are bound by memory, not by the mask's compares;
 # measured in docs/perf_notes.md, "KV-cache masks at run time").
 KV_CACHE_MASKS = ("local",)
+# ... and beside it, without softcap, an unmasked twin per (dtype, head dims) for the calls left
+# with no mask (one decoding token sees its whole sequence, causal or not, without a left window):
+# the window kernel carries three K/V loop bodies (the diagonal's right mask, none, a window's left
+# edge) and their masks, ~1.6k of its ~8.7k instructions (hd128) that the twin drops, and a
+# decoding CTA runs its code once, through instruction-cache misses (ncu: a third of a 1 x 4k
+# call's stall samples). A causal twin (~1k fewer) measured nothing for 4- and 8-token
+# verification and 1.6% slower for a 2048-token chunk. Both in docs/perf_notes.md ("KV-cache twins
+# for one-token decoding").
+KV_CACHE_TWIN_MASKS = ("none",)
 # Trace variants (fa4.trace; src/fa4_kernels/trace.py): forwards that also record a timeline of
 # their tiles. The wheel ships them for these keys (dense, packed and KV-cache, with every tile
-# family built for them; the KV cache's one mask kind stands for all three); a build with
+# family built for them; the KV cache's window kernel stands for all three masks, beside its
+# unmasked twin); a build with
 # FA4_TRACE_VARIANTS=all adds one beside every dense, packed and
 # KV-cache forward.
 TRACE_DTYPES = ("bf16",)
@@ -164,6 +174,9 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
         VariantKey(arch, dtype, hd, hdv, mask, softcap, kv_cache=True)
         for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
             archs, DTYPES, HEAD_DIMS, KV_CACHE_MASKS, (False, True))
+    ] + [
+        VariantKey(arch, dtype, hd, hdv, mask, False, kv_cache=True)
+        for arch, dtype, (hd, hdv), mask in itertools.product(archs, DTYPES, HEAD_DIMS, KV_CACHE_TWIN_MASKS)
     ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")

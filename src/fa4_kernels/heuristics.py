@@ -251,7 +251,8 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     3703 | 3434 and 1 x 32k 2377 | 2394 against SDPA's 4469 | 4461 and 3245 | 3542). Otherwise
     the dense kernel's choices for the head dims."""
     assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
-    assert key.mask in catalog.KV_CACHE_MASKS, "KV-cache calls take their window at run time"
+    assert key.mask in catalog.KV_CACHE_MASKS or (key.mask in catalog.KV_CACHE_TWIN_MASKS and not key.softcap), \
+        "KV-cache calls take their window at run time (the twins without softcap: catalog.KV_CACHE_TWIN_MASKS)"
     dense = fwd_config(replace(key, kv_cache=False))
     # The epilogue's addresses per tile: held across the K/V loop, one of them spilled (hd128).
     # Every window is scheduled statically with the split tail (sm90/fwd.py): decoding and

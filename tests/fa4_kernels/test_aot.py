@@ -93,6 +93,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "fa4_stats_block_rows = 128;" in c
     assert "fa4_seq_order_in_kernel = 128;" in c  # tile_scheduler.SEQ_ORDER_IN_KERNEL
     assert "fa4_kv_cache_mask = FA4_MASK_LOCAL;" in c  # catalog.KV_CACHE_MASKS, the native lookup's
+    assert "fa4_kv_cache_twin_masks = (1 << FA4_MASK_NONE);" in c  # catalog.KV_CACHE_TWIN_MASKS
     assert "fa4_bwd_causal_mask = FA4_MASK_LOCAL;" in c  # catalog.BWD_MASKS
 
 

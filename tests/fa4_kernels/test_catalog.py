@@ -313,14 +313,17 @@ def test_schedule_rebuilt_per_tile_only_where_the_registers_need_it():
 
 def test_kv_cache_tiles_split_statically():
     # Decoding's and speculative verification's few tiles spread over the GPU: every KV-cache
-    # variant (one per dtype, head dims and softcap: the window is a run-time argument) runs the
-    # static schedule with the split tail, its LSE rows stored as the unmasked kernels do.
+    # variant (one per dtype, head dims and softcap: the window is a run-time argument; the
+    # unmasked twins without softcap) runs the static schedule with the split tail, its LSE rows
+    # stored as the unmasked kernels do.
     for key in forward_variants():
         if key.kv_cache:
             cfg = heuristics.fwd_config(key)
-            assert key.mask == "local" and cfg.split_tail and not cfg.lse_bulk_store, key.name
-    with pytest.raises(AssertionError, match="window at run time"):
-        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "causal", False, kv_cache=True))
+            assert key.mask in catalog.KV_CACHE_MASKS or (key.mask in catalog.KV_CACHE_TWIN_MASKS and not key.softcap)
+            assert cfg.split_tail and not cfg.lse_bulk_store, key.name
+    for mask in catalog.KV_CACHE_TWIN_MASKS:  # the twins have no softcap
+        with pytest.raises(AssertionError, match="window at run time"):
+            heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, mask, True, kv_cache=True))
 
 
 def test_split_merges_with_helpers_in_pairs_and_kv_cache_launches_programmatically():
@@ -400,6 +403,9 @@ def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
     kv = [v for v in catalog.all_variants() if v.kv_cache and not v.trace]
     want = {(d, hd, hdv, mask, sc) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
             for mask in catalog.KV_CACHE_MASKS for sc in (False, True)}
+    # ... and the unmasked twins of the calls whose rows see every key, without softcap.
+    want |= {(d, hd, hdv, mask, False) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
+             for mask in catalog.KV_CACHE_TWIN_MASKS}
     assert {(v.dtype, v.head_dim, v.head_dim_v, v.mask, v.softcap) for v in kv} == want
     for key in kv:
         assert key.kernel == "fwd" and not key.varlen and key.tiles == "regular" and key.name.endswith("_kvcache")

@@ -17,10 +17,11 @@ def test_trace_twins_are_forwards_beside_their_production_kernel():
         base = dataclasses.replace(twin, trace=False)
         assert base in plain and catalog.shipped_trace(base)
         assert heuristics.kernel_config(twin) == heuristics.kernel_config(base)  # the same kernel, recording
-    # The shipped set: bf16 hd128 without a mask or causal, dense, packed and KV cache (whose one
-    # kernel takes every mask as a window), every tile family built for them.
+    # The shipped set: bf16 hd128 without a mask or causal, dense, packed and KV cache (its window
+    # kernel, which takes every mask, and its unmasked twin), every tile family built for them.
     assert {(v.dtype, v.head_dim, v.mask, v.softcap, v.kv_cache) for v in twins} == {
-        ("bf16", 128, m, False, kv) for m, kv in (("none", False), ("causal", False), ("local", True))}
+        ("bf16", 128, m, False, kv) for m, kv in (("none", False), ("causal", False), ("local", True))} | {
+        ("bf16", 128, m, False, True) for m in catalog.KV_CACHE_TWIN_MASKS}
     assert {(v.varlen, v.kv_cache, v.tiles) for v in twins} == {
         (False, False, "regular"), (True, False, "regular"), (False, True, "regular"), (False, False, "long")}
     everything = catalog.all_variants(trace="all")

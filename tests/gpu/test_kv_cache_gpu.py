@@ -164,6 +164,26 @@ def test_window_and_softcap(options, sq):
     run(2, sq, 8, 2, 128, 128, [300, 1111], sq, 64, 1280, **options)
 
 
+@pytest.mark.parametrize("case", [
+    # (sq, options, the kernel's mask): one token sees its whole sequence, causal or not, and runs
+    # the unmasked twin; several causal tokens, a left window or softcap the window kernel.
+    (1, dict(), "none"), (1, dict(causal=False), "none"), (3, dict(causal=False), "none"),
+    (1, dict(causal=False, window=(-1, 5)), "none"),
+    (3, dict(), "local"), (3, dict(causal=False, window=(-1, 0)), "local"),
+    (1, dict(causal=False, window=(100, 0)), "local"), (3, dict(causal=False, window=(-1, 1)), "local"),
+    (1, dict(softcap=30.0), "local"), (3, dict(softcap=30.0), "local"),
+])
+def test_kv_cache_calls_run_their_masks_twin(case):
+    sq, options, kernel_mask = case
+    for mask in catalog.KV_CACHE_TWIN_MASKS:
+        twin = catalog.VariantKey("sm_90a", "bf16", 128, 128, mask, False, kv_cache=True)
+        if twin.name not in _native.variant_index():
+            pytest.skip(f"{twin.name} is not in this build")
+    run(2, sq, 8, 2, 128, 128, [300, 1111], sq, 64, 1280, **options)
+    name = _native.last_launch("fwd")["name"]
+    assert f"_d128x128_{kernel_mask}_" in name, name
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dims", [(64, 64), (96, 96), (192, 128), (192, 192), (256, 256)])
 def test_head_dims(dtype, dims):
