@@ -66,8 +66,13 @@ PIECES_IN_FLIGHT = 8
 # its round trips, where a writer of the merger's scheme stores and leaves. With this rule (the
 # run-time item loop, session 52, one H100, same call, base -> rule): 8 tokens at 1 x 4k 14.1 ->
 # 11.0-11.9 (one token 11.2-11.8), 1 x 32k 55.6-56.3 -> 52.3-53.0; one and 4 tokens, 8 x 32k within
-# the runs' spread (+-0.8 us at 1 x 4k).
-DISTRIBUTED_MIN_BYTES = 192 * 1024
+# the runs' spread (+-0.8 us at 1 x 4k). Lowered from 192 KB so that 4-token verification (16 live
+# rows, 120 KB at hd128) distributes too (session 57, one H100, bf16 hd128 32/8 heads, CUDA-graph us
+# per call, two alternations, 192 -> 96 KB): 4 tokens at 1 x 4k 11.21 / 11.25 -> 9.54 / 9.65 (the
+# one-token call 9.72-9.76 beside it), at 1 x 32k 51.42 / 51.70 -> 49.77 / 49.84; one token over
+# 16 packed heads (32/2 heads: 16 rows, now distributed too) 18.44-18.53 -> 18.40-18.44 at 1 x 4k,
+# 101.3-103.1 -> 101.5 at 1 x 32k; 8 tokens (distributed before) 9.88-9.93 -> 9.75-9.76.
+DISTRIBUTED_MIN_BYTES = 96 * 1024
 
 
 def distributes(ctas, tail_tiles, live_rows, head_dim_v):
