@@ -15,7 +15,8 @@ token), torch SDPA (default backend, enable_gqa) and a device copy of the same b
 write over time; by cudaMemcpyAsync and by an SM kernel, which differ under graphs), all in the
 same run.
 
-Speculative verification: 4 and 8 query tokens per sequence (causal, bottom-right: each sees the
+GQA groups: one token over 64/8, 32/2 and 64/1 heads against SDPA. Speculative verification: 4
+and 8 query tokens per sequence (causal, bottom-right: each sees the
 cache and the drafts before it), the same GB/s and its ratio to the one-token call. Chunked
 prefill: 2048 query tokens against a 32k cache, causal (bottom-right), TFLOP/s of the visible
 pairs, beside cuDNN on the same shape (SDPA, the lower-right causal bias) and fa4's dense forward.
@@ -146,6 +147,33 @@ def speculative(args, dtype, heads_q=32, heads_kv=8, d=128) -> None:
         print(f"{batch:3d} x {length // 1024:4d}k  " + "   ".join(cells), flush=True)
 
 
+def gqa_groups(args, dtype, d=128) -> None:
+    """One decoding token over other query heads per K/V head than the table's 4: 8 (64/8), 16
+    (32/2, 128/8's ratio) and MQA (64/1), against SDPA, at 1 x 32k and 8 x 32k. A group larger
+    than a tile stacks (8 heads on the 64-row KV-cache tiles) is packed only where its heads fit
+    (fa4.heuristics.pack_gqa_factor), and unpacked tiles read their K/V once per query head."""
+    print("\nGQA groups, one query token: GB/s of K+V read, eager | CUDA graph (fa4 / SDPA, graph)")
+    for batch, length in ((1, 32768), (8, 32768)):
+        cells = []
+        for heads_q, heads_kv in ((64, 8), (32, 2), (64, 1)):
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            k = torch.randn(batch, length, heads_kv, d, device="cuda", dtype=dtype, generator=gen)
+            v = torch.randn_like(k)
+            q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=dtype, generator=gen)
+            full = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+            nbytes = 2 * k.numel() * k.element_size()
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            try:
+                fa = rate(nbytes, lambda: fa4.attention_with_kvcache(q, k, v, full), args.iters)
+                sdpa = rate(nbytes, lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), args.iters)
+                cells.append(f"{heads_q}/{heads_kv} {fa[0] / 1e9:5.0f} | {fa[1] / 1e9:5.0f} against "
+                             f"{sdpa[0] / 1e9:5.0f} | {sdpa[1] / 1e9:5.0f} ({fa[1] / sdpa[1]:.2f})")
+            except Exception as e:  # say so and go on
+                cells.append(f"{heads_q}/{heads_kv} failed: {type(e).__name__}: {str(e)[:80]}")
+        print(f"{batch:3d} x {length // 1024:4d}k  " + "   ".join(cells), flush=True)
+        torch.cuda.empty_cache()
+
+
 def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=8, d=128) -> None:
     """A 2048-token chunk against a 32k cache (the chunk's keys its last 2048 rows), causal."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -219,4 +247,5 @@ def run(args, dtype) -> None:
         del calls
         torch.cuda.empty_cache()
     speculative(args, dtype)
+    gqa_groups(args, dtype)
     chunked_prefill(args, dtype)
