@@ -5,7 +5,8 @@
 # time per shape; versions in the order given (repeat one to see drift). FA4_DECODE_SHAPES="1x4096
 # 8x32768" picks the shapes (batch x cache length), FA4_DECODE_QS="1 8" the query tokens per call
 # (default 1: decoding; more: speculative verification); FA4_DECODE_TRACE=1 adds the trace twins'
-# timeline means at 1 x 4k / 32k.
+# timeline means at 1 x 4k / 32k. FA4_DECODE_CASES="1x4096 1x4096x4 1x4096x1x32/2" times those cases
+# with scripts/decode_cases.py instead (the kernel each ran, graph and step us, SDPA beside).
 #   run (device tool) with carry ["build/ab/A", "build/ab/B"]:  bash scripts/decode_ab.sh A B A
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -31,6 +32,10 @@ for batch, length, splits, seqlen_q in [(2, 1, 0, 1), (2, 17, 0, 1), (3, 300, 7,
         worst = max(worst, rel_error(out[b:b + 1], ref), (lse[b:b + 1].double() - ref_lse).abs().max().item())
 print(f"worst relative error {worst:.2e}", "OK" if worst < 1e-2 else "BAD")
 PY
+  if [ -n "${FA4_DECODE_CASES:-}" ]; then
+    python3 scripts/decode_cases.py $FA4_DECODE_CASES 2>&1 | grep -v Warn | tee -a "$OUT/decode_ab.log"
+    continue
+  fi
   for s in ${FA4_DECODE_SHAPES:-1x4096 1x32768 1x131072 8x4096 8x32768}; do
     for q in ${FA4_DECODE_QS:-1}; do
       python3 scripts/decode_profile.py ${s/x/ } kernels 0 $q 2>&1 | grep -E "^(fa4|sdpa)" | tee -a "$OUT/decode_ab.log"
