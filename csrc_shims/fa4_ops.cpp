@@ -788,10 +788,10 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   const int64_t longest_q = varlen ? varlen->max_seqlen_q : sq;
   int32_t override = pack_gqa.has_value() ? (int32_t)*pack_gqa : FA4_AUTO;
   auto tile_m_of = [&](int f) { return c.family[f] >= 0 ? fa4_variants[c.family[f]].tile_m : 0; };
-  int32_t index = c.family[FA4_TILES_REGULAR];
-  if (override == 1)  // forced packing: the family whose tiles stack the group
-    index = c.family[fa4_packing_family(hq, hkv, tile_m_of(FA4_TILES_REGULAR), tile_m_of(FA4_TILES_SHORT),
-                                        tile_m_of(FA4_TILES_LONG))];
+  // Forced packing runs in the family whose tiles stack the group; the automatic choice in the
+  // one whose tiles pack the most heads.
+  int32_t index = c.family[fa4_packing_family(hq, hkv, longest_q, tile_m_of(FA4_TILES_REGULAR),
+                                              tile_m_of(FA4_TILES_SHORT), tile_m_of(FA4_TILES_LONG), override)];
   int32_t packed = 1;
   FA4_VALUE(fa4_pack_gqa_factor(hq, hkv, longest_q, fa4_variants[index].tile_m, override, &packed) == 0,
             fa4_rules_error());

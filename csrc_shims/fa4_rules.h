@@ -45,9 +45,10 @@ int32_t fa4_tile_family(int64_t seqlen_q, int64_t seqlen_k, int32_t packed, int3
  * (fa4_rules_error()) when pack_gqa=True cannot stack this group in tile_m rows. */
 int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t override,
                             int32_t *factor);
-/* The tile family that runs a forced pack_gqa=True (fa4_rules.c). */
-int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int32_t tile_m, int32_t short_tile_m,
-                           int32_t long_tile_m);
+/* The tile family that runs a packed call, forced (override 1) or automatic (FA4_AUTO): a
+ * fa4_tile_family (fa4_rules.c). */
+int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t short_tile_m,
+                           int32_t long_tile_m, int32_t override);
 /* Groups pack-GQA can stack at all (2, 4, 8, 16). */
 int32_t fa4_packable_group(int64_t group);
 

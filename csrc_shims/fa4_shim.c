@@ -298,9 +298,9 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     return fail(FA4_ERR_BAD_TENSOR, "heads_per_group and num_sms must be >= 1, windows >= 0");
   if (params->pack_gqa != 1 &&
       (params->pack_gqa < 1 || params->pack_gqa > 16 || (params->pack_gqa & (params->pack_gqa - 1)) ||
-       k->shape[2] * params->pack_gqa != q->shape[2]))
-    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or heads_q / heads_kv, a power of two <= 16 (got %d)",
-                params->pack_gqa);
+       q->shape[2] % (k->shape[2] * params->pack_gqa) != 0))
+    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or a power of two <= 16 dividing heads_q / heads_kv "
+                "(got %d)", params->pack_gqa);
   if ((variant->tile_m / params->pack_gqa) % 8 != 0) {
     int largest = 1;  /* the largest power-of-two group this variant can stack */
     while (largest < 16 && (variant->tile_m / (2 * largest)) % 8 == 0) largest *= 2;

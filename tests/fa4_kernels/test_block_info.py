@@ -75,7 +75,7 @@ def test_packed_rows_by_shifts_match_division_by_block_rows():
     """TileRows maps a tile row to (head offset, row) with shifts and a division by the
     compile-time tile_m; it must agree with dividing by block_rows = tile_m / pack_gqa for every
     tile shape and pack the shim accepts (pack_gqa a power of two, block_rows a multiple of 8)."""
-    for tile_m in (128, 192):
+    for tile_m in (64, 128, 192, 256):
         for pack_log2 in range(5):
             block_rows = tile_m >> pack_log2
             if block_rows % 8 or block_rows << pack_log2 != tile_m:

@@ -192,6 +192,24 @@ def test_pack_gqa_is_chosen_for_decoding():
     assert pack_gqa_factor(32, 8, 4096, 128) == 1
 
 
+@pytest.mark.parametrize("group, dims, pack, family", [
+    (32, 128, 16, ""),  # 128-row tiles stack 16 of the 32 heads: K/V read twice
+    (16, 64, 16, "_shortseq"),  # hd64: the 256-row tiles stack all 16, the 192-row ones 8
+    (32, 64, 16, "_shortseq"),
+    (8, 64, 8, ""),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_automatic_pack_gqa_of_large_groups(group, dims, pack, family, causal):
+    """Decoding rows with more query heads per K/V head than a tile stacks: the automatic choice
+    packs the largest part of the group that stacks, in the family that stacks the most."""
+    q = torch.randn(2, 3, 2 * group, dims, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 777, 2, dims, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    check(q, k, v, causal=causal)
+    fa4.attention(q, k, v, causal=causal)
+    launch = _native.last_launch("fwd")
+    assert launch["pack_gqa"] == pack and launch["name"].endswith(("_causal" if causal else "_none") + family), launch
+
+
 @pytest.mark.parametrize("batch", [1, 2, 5, 8])
 def test_batches_and_bhsd_strides(batch):
     # (B, H, S, D) storage passed as (B, S, H, D) views: no copy, non-contiguous strides.

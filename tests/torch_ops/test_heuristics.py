@@ -154,16 +154,23 @@ def test_grid_size():
     (32, 8, 1, False, 1),       # disabled
     (24, 8, 1, None, 1),        # 3 heads per K/V head: not a packable group
     (16, 16, 1, None, 1),       # MHA
-    (64, 2, 1, None, 1),        # 32 heads per K/V head: more than the tile stacks
+    (64, 2, 1, None, 16),       # 32 heads per K/V head: the 16 the tile stacks
+    (64, 2, 1, False, 1),
     (16, 1, 1, None, 16),
+    (48, 4, 1, None, 4),        # 12 heads: their largest power-of-two part
+    (24, 1, 1, None, 8),
+    (12, 4, 1, None, 1),        # 3 heads: no even part
 ])
 def test_pack_gqa_factor(hq, hk, sq, override, expected):
     assert heuristics.pack_gqa_factor(hq, hk, sq, 128, override) == expected
 
 
 def test_pack_gqa_factor_respects_the_tile_height():
-    assert heuristics.pack_gqa_factor(16, 1, 1, 192) == 1  # 12 rows per head: not a multiple of 8
+    assert heuristics.pack_gqa_factor(16, 1, 1, 192) == 8  # 12 rows per head of 16: not a multiple of 8
     assert heuristics.pack_gqa_factor(8, 1, 1, 192) == 8
+    assert heuristics.pack_gqa_factor(16, 1, 1, 64) == 8  # the KV cache's tiles
+    assert heuristics.pack_gqa_factor(64, 1, 1, 64) == 8
+    assert heuristics.pack_gqa_factor(16, 1, 1, 256) == 16
     with pytest.raises(ValueError, match="192-row tiles stack at most 8 heads"):
         heuristics.pack_gqa_factor(16, 1, 1, 192, True)
 
@@ -445,3 +452,17 @@ def test_tuning_settings_are_read_per_call(monkeypatch):
 ])
 def test_packing_family_for_forced_pack_gqa(group, tile_m, built, family):
     assert heuristics.packing_family(group * 2, 2, tile_m, built) == family
+
+
+@pytest.mark.parametrize("group, seqlen_q, tile_m, built, family", [
+    (16, 1, 192, {"short": 256}, "short"),      # 16 heads in 256 rows against 8 in 192
+    (32, 1, 192, {"short": 256}, "short"),      # 16 of the 32 against 8
+    (8, 1, 192, {"short": 256}, "regular"),     # both stack all 8: the regular tiles
+    (16, 4096, 192, {"short": 256}, "regular"),  # full tiles: no packing either way
+    (16, 1, 192, {}, "regular"),
+    (16, 1, 128, {"long": 192}, "regular"),     # 16 in 128 rows; 192 stack 8
+    (3, 1, 192, {"short": 256}, "regular"),
+])
+def test_packing_family_for_automatic_pack_gqa(group, seqlen_q, tile_m, built, family):
+    assert heuristics.packing_family(group * 2, 2, tile_m, built, seqlen_q, None) == family
+    assert heuristics.packing_family(group * 2, 2, tile_m, built, seqlen_q, False) == "regular"

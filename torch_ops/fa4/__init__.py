@@ -50,7 +50,9 @@ def attention(
             fp32. Rows that see no key give output 0 and LSE -inf.
         pack_gqa: with GQA/MQA, stack the query heads that share a K/V head in one kernel tile
             (their rows fill it even when seqlen_q is short, e.g. decoding, and K/V are read
-            once per group). None: decided per call (``fa4.heuristics.pack_gqa_factor``);
+            once per group). None: decided per call (``fa4.heuristics.pack_gqa_factor``; a
+            group larger than a tile stacks is packed in parts, the largest power of two that
+            the tile stacks);
             True needs heads_q / heads_kv in (2, 4, 8, 16) with each head's share of a tile a
             multiple of 8 rows: every head dim stacks up to 8 heads, and 16 where its tiles have
             128 rows or more (hd64, 192-row tiles: 16 only dense without a mask or causal, in

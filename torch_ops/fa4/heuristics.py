@@ -57,7 +57,7 @@ def rules() -> ctypes.CDLL:
         "fa4_tile_family": (i32, [i64, i64, i32, i32, i32, i32, i32, i32]),
         "fa4_pack_gqa_factor": (i32, [i64, i64, i64, i32, i32, ctypes.POINTER(i32)]),
         "fa4_packable_group": (i32, [i64]),
-        "fa4_packing_family": (i32, [i64, i64, i32, i32, i32]),
+        "fa4_packing_family": (i32, [i64, i64, i64, i32, i32, i32, i32]),
         "fa4_l2_swizzle_budget": (i64, [i64, i32]),
         "fa4_balance_heads": (i64, [i64, i32]),
         "fa4_heads_per_group": (i32, [i64, i64, i32, i32, i32, i64, i64, i32, i64, i32]),
@@ -324,10 +324,13 @@ def kv_kernel_page_rows(page_size: int) -> int:
     return rules().fa4_kv_kernel_page_rows(page_size)
 
 
-def packing_family(heads_q: int, heads_kv: int, tile_m: int, built: dict[str, int]) -> str:
-    """The tile family a forced pack_gqa=True runs in (``built``: the extra families' tile_m)."""
-    return TILE_FAMILIES[rules().fa4_packing_family(heads_q, heads_kv, tile_m, built.get("short", 0),
-                                                    built.get("long", 0))]
+def packing_family(heads_q: int, heads_kv: int, tile_m: int, built: dict[str, int], seqlen_q: int = 1,
+                   override: bool | None = True) -> str:
+    """The tile family a call runs in for pack-GQA (``built``: the extra families' tile_m): with
+    pack_gqa=True the one whose tiles stack the group, with None the one that packs the most heads
+    for ``seqlen_q`` rows (the regular tiles on a tie)."""
+    return TILE_FAMILIES[rules().fa4_packing_family(heads_q, heads_kv, seqlen_q, tile_m, built.get("short", 0),
+                                                    built.get("long", 0), _tri(override))]
 
 
 def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, override: bool | None = None) -> int:
