@@ -120,16 +120,22 @@ int32_t fa4_tile_family(int64_t seqlen_q, int64_t seqlen_k, int32_t packed, int3
 /* ------------------------------------------------------------------------- pack-GQA */
 int32_t fa4_packable_group(int64_t group) { return group == 2 || group == 4 || group == 8 || group == 16; }
 
-/* Each head's share of a tile is loaded in 8-row pieces. */
-static int32_t stacks(int64_t group, int32_t tile_m) { return tile_m % group == 0 && (tile_m / group) % 8 == 0; }
+/* A packed head's share of a tile is a multiple of head_rows rows: 8 where Q is loaded in 8-row
+ * pieces of one head each, fewer in the KV-cache kernels, whose pieces may span heads
+ * (fa4_kv_cache_head_rows, from kv_cache.FEW_HEAD_ROWS). */
+static int32_t stacks(int64_t group, int32_t tile_m, int32_t head_rows) {
+  return tile_m % group == 0 && (tile_m / group) % head_rows == 0;
+}
 
-/* The largest power-of-two part of the group, at most 16 heads, that stacks in tile_m rows (1:
- * none). A part that stacks halves to one that stacks, so the search stops at the first that
- * does not divide the group. */
-static int32_t stacked_part(int64_t group, int32_t tile_m) {
+#define MAX_PACK 64 /* the most heads a tile stacks: a 64-row KV-cache tile of one-row heads */
+
+/* The largest power-of-two part of the group that stacks in tile_m rows (1: none). A part that
+ * stacks halves to one that stacks, so the search stops at the first that does not divide the
+ * group. */
+static int32_t stacked_part(int64_t group, int32_t tile_m, int32_t head_rows) {
   int32_t part = 1;
-  for (int32_t p = 2; p <= 16 && group % p == 0; p *= 2)
-    if (stacks(p, tile_m)) part = p;
+  for (int32_t p = 2; p <= MAX_PACK && group % p == 0; p *= 2)
+    if (stacks(p, tile_m, head_rows)) part = p;
   return part;
 }
 
@@ -137,24 +143,25 @@ static int32_t stacked_part(int64_t group, int32_t tile_m) {
  * of each), so a short query (decoding: 1 row) still fills the tile and K/V are read
  * group / factor times instead of group times. Automatic choice, as FlashAttention-3: pack when
  * the unpacked tiles would be under 90% as full as the packed ones (short or ragged seqlen_q).
- * A head needs a multiple of 8 rows of the tile, so a tile stacks at most tile_m / 8 heads (the
- * KV cache's 64-row tiles: 8). The automatic choice packs the largest power-of-two part of the
- * group that stacks, so groups larger than that (16:1 on 64-row tiles, MQA's 32:1 and 64:1) read
- * K/V group / part times: one K/V head's tiles then differ only in their query heads. Measured
- * (H100, bf16 hd128 KV cache, one token, 1 x 4k): 32 / 2 heads took 18.4 us unpacked against
- * 9.7 us for 32 / 8 packed by 4. pack_gqa=True asks for the whole group in one tile: groups of
- * 2, 4, 8 or 16 heads, where the tile stacks them (else it refuses, naming the most it stacks). */
-int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t override,
-                            int32_t *factor) {
+ * A head needs a multiple of head_rows rows of the tile (stacks), so the dense kernels' tiles
+ * stack at most tile_m / 8 heads and the KV cache's 64-row ones 64. The automatic choice packs
+ * the largest power-of-two part of the group that stacks, so a larger group (16:1 or MQA on the
+ * dense 128-row tiles: 16) reads K/V group / part times: one K/V head's tiles then differ only in
+ * their query heads. Measured (H100, bf16 hd128 KV cache, one token, 1 x 32k, us): 32 / 2 heads
+ * 101.3-102.6 unpacked, 19.9-20.0 packed by 8 of 16 (8-row heads); 64 / 1 194.3 and 31.7 (8 of
+ * 64). pack_gqa=True asks for the whole group in one tile: groups of 2, 4, 8 or 16 heads, where
+ * the tile stacks them (else it refuses, naming the most it stacks). */
+int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t head_rows,
+                            int32_t override, int32_t *factor) {
   int64_t group = heads_q / max64(heads_kv, 1);
   int32_t divides = heads_q == group * heads_kv;
-  int32_t part = divides ? stacked_part(group, tile_m) : 1;
+  int32_t part = divides ? stacked_part(group, tile_m, head_rows) : 1;
   *factor = 1;
   if (override == 1 && divides && fa4_packable_group(group)) {
-    if (!stacks(group, tile_m))
-      return refuse("pack_gqa=True: this head_dim's %d-row tiles stack at most %d heads (in 8-row pieces), not "
+    if (!stacks(group, tile_m, head_rows))
+      return refuse("pack_gqa=True: this head_dim's %d-row tiles stack at most %d heads (in %d-row pieces), not "
                     "%lld; use pack_gqa=None or False",
-                    tile_m, (int)stacked_part(16, tile_m), (long long)group);
+                    tile_m, (int)stacked_part(16, tile_m, head_rows), head_rows, (long long)group);
     *factor = (int32_t)group;
     return 0;
   }
@@ -172,13 +179,13 @@ int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,
  * 192-row tiles read them twice), the regular tiles on a tie. Tile sizes as in fa4_tile_family
  * (0: not built). */
 int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t short_tile_m,
-                           int32_t long_tile_m, int32_t override) {
+                           int32_t long_tile_m, int32_t head_rows, int32_t override) {
   int64_t group = heads_q / max64(heads_kv, 1);
   if (override == 0) return FA4_TILES_REGULAR;
   if (override == 1) {
-    if (!fa4_packable_group(group) || stacks(group, tile_m)) return FA4_TILES_REGULAR;
-    if (short_tile_m && stacks(group, short_tile_m)) return FA4_TILES_SHORT;
-    if (long_tile_m && stacks(group, long_tile_m)) return FA4_TILES_LONG;
+    if (!fa4_packable_group(group) || stacks(group, tile_m, head_rows)) return FA4_TILES_REGULAR;
+    if (short_tile_m && stacks(group, short_tile_m, head_rows)) return FA4_TILES_SHORT;
+    if (long_tile_m && stacks(group, long_tile_m, head_rows)) return FA4_TILES_LONG;
     return FA4_TILES_REGULAR;
   }
   const int32_t tiles[3] = {tile_m, short_tile_m, long_tile_m};
@@ -186,7 +193,7 @@ int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, 
   int32_t best = FA4_TILES_REGULAR, most = 1;
   for (int i = 0; i < 3; ++i) {
     int32_t factor = 1;
-    if (tiles[i] && fa4_pack_gqa_factor(heads_q, heads_kv, seqlen_q, tiles[i], FA4_AUTO, &factor) == 0 &&
+    if (tiles[i] && fa4_pack_gqa_factor(heads_q, heads_kv, seqlen_q, tiles[i], head_rows, FA4_AUTO, &factor) == 0 &&
         factor > most)
       best = families[i], most = factor;
   }

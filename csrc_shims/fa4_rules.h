@@ -41,14 +41,16 @@ double fa4_tile_fill(int64_t rows, int64_t tile_m);
  * override: a fa4_tile_family or FA4_AUTO. */
 int32_t fa4_tile_family(int64_t seqlen_q, int64_t seqlen_k, int32_t packed, int32_t tile_m, int32_t short_tile_m,
                         int32_t long_tile_m, int32_t override, int32_t mask_kind);
-/* Query heads stacked in one tile (1: none) into *factor; override FA4_AUTO, 0 or 1. Returns 1
- * (fa4_rules_error()) when pack_gqa=True cannot stack this group in tile_m rows. */
-int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t override,
-                            int32_t *factor);
+/* Query heads stacked in one tile (1: none) into *factor; head_rows: the rows a packed head's
+ * share must be a multiple of (8; the KV-cache kernels: fa4_kv_cache_head_rows); override
+ * FA4_AUTO, 0 or 1. Returns 1 (fa4_rules_error()) when pack_gqa=True cannot stack this group in
+ * tile_m rows. */
+int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t head_rows,
+                            int32_t override, int32_t *factor);
 /* The tile family that runs a packed call, forced (override 1) or automatic (FA4_AUTO): a
  * fa4_tile_family (fa4_rules.c). */
 int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t short_tile_m,
-                           int32_t long_tile_m, int32_t override);
+                           int32_t long_tile_m, int32_t head_rows, int32_t override);
 /* Groups pack-GQA can stack at all (2, 4, 8, 16). */
 int32_t fa4_packable_group(int64_t group);
 

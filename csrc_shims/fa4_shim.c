@@ -297,16 +297,18 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
       params->window_right < 0)
     return fail(FA4_ERR_BAD_TENSOR, "heads_per_group and num_sms must be >= 1, windows >= 0");
   if (params->pack_gqa != 1 &&
-      (params->pack_gqa < 1 || params->pack_gqa > 16 || (params->pack_gqa & (params->pack_gqa - 1)) ||
+      (params->pack_gqa < 1 || params->pack_gqa > 64 || (params->pack_gqa & (params->pack_gqa - 1)) ||
        q->shape[2] % (k->shape[2] * params->pack_gqa) != 0))
-    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or a power of two <= 16 dividing heads_q / heads_kv "
+    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or a power of two <= 64 dividing heads_q / heads_kv "
                 "(got %d)", params->pack_gqa);
-  if ((variant->tile_m / params->pack_gqa) % 8 != 0) {
+  /* A packed head's rows: a multiple of 8 (one head per Q piece), or kv_cache.FEW_HEAD_ROWS. */
+  const int head_rows = variant->kv_cache ? fa4_kv_cache_head_rows : 8;
+  if (variant->tile_m % params->pack_gqa != 0 || (variant->tile_m / params->pack_gqa) % head_rows != 0) {
     int largest = 1;  /* the largest power-of-two group this variant can stack */
-    while (largest < 16 && (variant->tile_m / (2 * largest)) % 8 == 0) largest *= 2;
-    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa %d: %s stacks heads in 8-row pieces of its %d-row tiles "
-                "(tile_m / pack_gqa must be a multiple of 8: pack_gqa <= %d here)", params->pack_gqa,
-                variant->name, variant->tile_m, largest);
+    while (largest < 64 && (variant->tile_m / (2 * largest)) % head_rows == 0) largest *= 2;
+    return fail(FA4_ERR_BAD_TENSOR, "pack_gqa %d: %s stacks heads in %d-row pieces of its %d-row tiles "
+                "(tile_m / pack_gqa must be a multiple of %d: pack_gqa <= %d here)", params->pack_gqa,
+                variant->name, head_rows, variant->tile_m, head_rows, largest);
   }
   if (variant->varlen && (q->shape[0] != 1 || cu_seqlens_q->shape[0] < 2 ||
                          cu_seqlens_k->shape[0] != cu_seqlens_q->shape[0] ||

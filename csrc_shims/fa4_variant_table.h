@@ -118,6 +118,9 @@ extern const int32_t fa4_kv_cache_mask;
 /* The masks with a KV-cache twin beside the window kernel (fa4_kernels.catalog.KV_CACHE_TWIN_MASKS,
    no softcap), as bits 1 << kind: a call left with such a mask runs its twin where built. */
 extern const int32_t fa4_kv_cache_twin_masks;
+/* The fewest rows a packed query head may take of a KV-cache tile (min of fa4_kernels.kv_cache.
+   FEW_HEAD_ROWS: their Q pieces span heads); the other kernels' packed heads take multiples of 8. */
+extern const int32_t fa4_kv_cache_head_rows;
 /* The mask kind of the backward kernels that serve causal calls (fa4_kernels.catalog.BWD_MASKS): the
    window's, the call's window given as it is. */
 extern const int32_t fa4_bwd_causal_mask;

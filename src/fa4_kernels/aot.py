@@ -596,6 +596,8 @@ def generate_table(keys) -> str:
     out.append(f"const int32_t fa4_kv_cache_mask = {MASK_CODES[kv_mask]};")
     twins = " | ".join(f"(1 << {MASK_CODES[mask]})" for mask in catalog.KV_CACHE_TWIN_MASKS) or "0"
     out.append(f"const int32_t fa4_kv_cache_twin_masks = {twins};")
+    from fa4_kernels.kv_cache import FEW_HEAD_ROWS  # the DSL's module: imported when used
+    out.append(f"const int32_t fa4_kv_cache_head_rows = {min(FEW_HEAD_ROWS)};")
     bwd_causal = "causal" if "causal" in catalog.BWD_MASKS else "local"
     out.append(f"const int32_t fa4_bwd_causal_mask = {MASK_CODES[bwd_causal]};")
     out += trace_layout_c()

@@ -147,14 +147,15 @@ class TileRows:
     One head per tile (pack_gqa = 1): tile row r is row first_row + r of the tile's head, with
     first_row = m_block * tile_m - shift (see ``row_shift``: rows above row 0 are loaded as
     zeros, masked, and never stored).
-    Pack-GQA: the tile stacks block_rows = tile_m / pack_gqa rows of each of the pack_gqa query
-    heads sharing the scheduler's (K/V) head: tile row r is row first_row + r % block_rows of
-    query head head_idx * pack_gqa + r // block_rows, first_row = m_block * block_rows.
+    Pack-GQA: the tile stacks block_rows = tile_m / pack_gqa rows of each of pack_gqa query
+    heads of one K/V head (the whole group or a power-of-two part of it; the scheduler's head
+    counts these packs): tile row r is row first_row + r % block_rows of query head
+    head_idx * pack_gqa + r // block_rows, first_row = m_block * block_rows.
     """
     tile_m: cutlass.Constexpr[int]
     pack_log2: Int32  # log2(pack_gqa): pack_gqa is a power of two (the shim checks)
     first_row: Int32  # sequence row of tile row 0 (negative when shifted)
-    head_idx: Int32  # the scheduler's head: the K/V head when packed
+    head_idx: Int32  # the scheduler's head: a pack of query heads when packed
 
     @property
     def pack_gqa(self):

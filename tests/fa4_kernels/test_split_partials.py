@@ -56,12 +56,13 @@ def test_the_gpu_tests_distributed_shapes_merge_distributed(shape):
     from fa4.heuristics import pack_gqa_factor, split_tail_ctas
     from fa4_kernels import catalog
     from fa4_kernels.heuristics import kv_cache_fwd_config
+    from fa4_kernels.kv_cache import FEW_HEAD_ROWS
     from fa4_kernels.split_partials import distributes
     hq, hkv, sq, capacity, d, dv = shape
     (mask,) = catalog.KV_CACHE_MASKS
     cfg = kv_cache_fwd_config(catalog.VariantKey("sm_90a", "bf16", d, dv, mask, False, kv_cache=True))
     assert cfg.distributed_merge
-    pack = pack_gqa_factor(hq, hkv, sq, cfg.tile_m)
+    pack = pack_gqa_factor(hq, hkv, sq, cfg.tile_m, head_rows=min(FEW_HEAD_ROWS))
     block_rows = cfg.tile_m // pack
     tiles = (hq // pack) * -(-sq // block_rows)
     ctas = split_tail_ctas(tiles, 132, -(-capacity // cfg.tile_n), dv)

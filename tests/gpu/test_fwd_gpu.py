@@ -195,7 +195,7 @@ def test_pack_gqa_is_chosen_for_decoding():
 @pytest.mark.parametrize("group, dims, pack, family", [
     (32, 128, 16, ""),  # 128-row tiles stack 16 of the 32 heads: K/V read twice
     (16, 64, 16, "_shortseq"),  # hd64: the 256-row tiles stack all 16, the 192-row ones 8
-    (32, 64, 16, "_shortseq"),
+    (32, 64, 32, "_shortseq"),  # 32 in 256 rows
     (8, 64, 8, ""),
 ])
 @pytest.mark.parametrize("causal", [False, True])

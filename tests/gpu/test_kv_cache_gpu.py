@@ -143,13 +143,23 @@ def test_decode_gqa_32_8(page_size, seqlen_new):
     run(4, 1, 32, 8, 128, 128, [0, 1, 700, 2047], seqlen_new, page_size, 2304)
 
 
-@pytest.mark.parametrize("group", [1, 4, 8, 16, 32])
+@pytest.mark.parametrize("group", [1, 4, 8, 16, 32, 64, 128])
 @pytest.mark.parametrize("page_size", [None, 64])
 def test_gqa_groups(group, page_size):
     run(3, 1, 2 * group, 2, 128, 128, [5, 333, 1024], 1, page_size, 1536)
-    # The 64-row tiles stack at most 8 heads: groups of 16 and 32 pack 8 of their heads per tile,
-    # whose tiles append the same K/V head's rows (the run above compares the whole cache).
-    assert _native.last_launch("fwd")["pack_gqa"] == min(group, 8)
+    # A 64-row tile stacks up to 64 heads (Q pieces across heads: kv_cache.FEW_HEAD_ROWS); 128
+    # heads pack 64 per tile, whose two tiles append the same K/V head's rows (the run above
+    # compares the whole cache).
+    assert _native.last_launch("fwd")["pack_gqa"] == min(group, 64)
+
+
+@pytest.mark.parametrize("sq, group", [(2, 16), (7, 16), (3, 32), (5, 64)])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_verification_with_heads_of_few_rows(sq, group, page_size):
+    """Causal verification tokens with 4, 2 or 1 tile rows per packed head: a head's rows span
+    tiles, and every Q piece holds rows of several heads."""
+    run(3, sq, 2 * group, 2, 128, 128, [0, 40, 700], sq, page_size, 768)
+    assert _native.last_launch("fwd")["pack_gqa"] == group
 
 
 @pytest.mark.parametrize("sq", [2, 7, 128])

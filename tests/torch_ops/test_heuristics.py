@@ -168,9 +168,25 @@ def test_pack_gqa_factor(hq, hk, sq, override, expected):
 def test_pack_gqa_factor_respects_the_tile_height():
     assert heuristics.pack_gqa_factor(16, 1, 1, 192) == 8  # 12 rows per head of 16: not a multiple of 8
     assert heuristics.pack_gqa_factor(8, 1, 1, 192) == 8
-    assert heuristics.pack_gqa_factor(16, 1, 1, 64) == 8  # the KV cache's tiles
-    assert heuristics.pack_gqa_factor(64, 1, 1, 64) == 8
+    assert heuristics.pack_gqa_factor(16, 1, 1, 64) == 8  # 64 rows in 8-row pieces of one head
     assert heuristics.pack_gqa_factor(16, 1, 1, 256) == 16
+    assert heuristics.pack_gqa_factor(64, 2, 1, 256) == 32
+    assert heuristics.pack_gqa_factor(64, 1, 1, 256) == 32
+
+
+@pytest.mark.parametrize("hq, hk, sq, expected", [
+    (16, 1, 1, 16),    # 4 rows a head
+    (64, 1, 1, 64),    # MQA decoding: one row a head
+    (128, 1, 1, 64),   # the most a 64-row tile stacks
+    (32, 8, 1, 4),
+    (32, 2, 7, 16),    # verification: 7 of each head's 4 rows fill two tiles
+    (32, 2, 64, 1),    # full tiles unpacked
+    (24, 2, 1, 4),     # 12 heads: their largest power-of-two part
+])
+def test_pack_gqa_factor_of_the_kv_cache_tiles(hq, hk, sq, expected):
+    """The KV-cache kernels load Q in pieces that span heads (kv_cache.FEW_HEAD_ROWS), so their
+    64-row tiles stack up to 64 heads of one row each."""
+    assert heuristics.pack_gqa_factor(hq, hk, sq, 64, head_rows=1) == expected
     with pytest.raises(ValueError, match="192-row tiles stack at most 8 heads"):
         heuristics.pack_gqa_factor(16, 1, 1, 192, True)
 

@@ -43,7 +43,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
 from fa4_kernels.catalog import ALIBI_MMA_COLS, ALIBI_SLOPE_TERMS
-from fa4_kernels.kv_cache import CHUNK_ROWS, PagedKV
+from fa4_kernels.kv_cache import CHUNK_ROWS, FEW_HEAD_ROWS, PagedKV
 from fa4_kernels.hopper_mma import (
     always_one_after,
     new_accumulator,
@@ -241,8 +241,9 @@ class FlashAttentionForwardSm90:
                   mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32,
                   tail_ctas: Int32, grid=None, zero=None, seqlen_k=None, sSeqOrder=None) -> StaticPersistentScheduler:
         """mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
-        pack_gqa rows of each of the pack_gqa query heads of one K/V head, and the scheduler's
-        head index is the K/V head. ``grid``: the launched grid (in the kernel), for the split.
+        pack_gqa rows of each of pack_gqa query heads of one K/V head (all of its group or a
+        part), and the scheduler's head index counts those packs. ``grid``: the launched grid (in
+        the kernel), for the split.
         ``zero``: an opaque zero (ptx.loop_bound_zero) added to every input, so that what derives
         from them is computed where this is called rather than once and held in registers.
         ``seqlen_k``: the keys every tile's range is cut from (default mK's rows; a KV cache's
@@ -361,7 +362,7 @@ class FlashAttentionForwardSm90:
         num_sms: Int32,  # persistent grid size (a run-time fact: the build machine has no GPU)
         max_seqlen_q: Int32,  # varlen: the longest sequence (bounds the tile count)
         has_seqused_k: Int32,  # varlen: 1 when mSeqUsedK holds the key counts
-        pack_gqa: Int32,  # 1, or heads_q / heads_kv (a power of two <= 16): stack those heads in a tile
+        pack_gqa: Int32,  # 1, or a power of two <= 64 dividing heads_q / heads_kv: query heads per tile
         tail_ctas: Int32,  # static schedule: CTAs to split the last round's tiles over (0: none)
         page_size: Int32,  # kv_cache: rows per page of k/v
         seqlen_new: Int32,  # kv_cache: rows of mKNew/mVNew appended to each sequence (0: none)
@@ -397,6 +398,17 @@ class FlashAttentionForwardSm90:
         # slices are 1 KB apart and keep the swizzle phase).
         sQ_rows8 = cute.composition(sQ_layout, cute.make_layout((8, self.head_dim), stride=(1, self.tile_m)))
         tma_atom_Qc, tma_Qc = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_rows8, (8, self.head_dim))
+        # KV cache: a head may take fewer than 8 rows of the tile (kv_cache.FEW_HEAD_ROWS), and a
+        # piece then holds `rows` rows of each of 8 / rows heads: a (rows, heads, dim) box over
+        # the (seqlen, head, dim) view of Q, whose rows land head by head as TileRows maps them.
+        # One atom per such row count (the other kernels pass the 8-row one in their place).
+        tma_Qh = [(tma_atom_Qc, tma_Qc)] * len(FEW_HEAD_ROWS)
+        if const_expr(self.kv_cache):
+            mQ_heads = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[0, 2, 1, 3]))
+            tma_Qh = [cpasync.make_tiled_tma_atom(
+                tma_load, mQ_heads,
+                cute.composition(sQ_layout, cute.make_layout((r, 8 // r, self.head_dim), stride=(1, r, self.tile_m))),
+                (r, 8 // r, self.head_dim)) for r in FEW_HEAD_ROWS]
         if const_expr(self.kv_cache):
             # One CHUNK_ROWS-row box per page piece (kv_cache.PagedKV.load_block): a row slice of
             # a stage, as for Q's 8-row pieces.
@@ -462,11 +474,11 @@ class FlashAttentionForwardSm90:
             scale_log2 = softmax_scale * LOG2_E
 
         self.kernel(
-            tma_Q, tma_Qc, tma_K, tma_V, mO, tma_O, mLSE, mSemaphores, mPartials,
+            tma_Q, tma_Qc, *[t for _, t in tma_Qh], tma_K, tma_V, mO, tma_O, mLSE, mSemaphores, mPartials,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, mSparseCounts, mSparseBlocks, mSparseBits,
             mScoreParams, mPageTable, mK, mV, mKNew, mVNew, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
-            page_size, seqlen_new, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O,
-            scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
+            page_size, seqlen_new, tma_atom_Q, tma_atom_Qc, *[a for a, _ in tma_Qh], tma_atom_K, tma_atom_V,
+            tma_atom_O, scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(
@@ -483,6 +495,9 @@ class FlashAttentionForwardSm90:
         self,
         mQ: cute.Tensor,
         mQc: cute.Tensor,
+        mQh4: cute.Tensor,  # kv_cache: Q pieces of FEW_HEAD_ROWS rows per head
+        mQh2: cute.Tensor,
+        mQh1: cute.Tensor,
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,  # plain (seqlen, dim, head, batch) tensor: row-by-row stores
@@ -511,6 +526,9 @@ class FlashAttentionForwardSm90:
         seqlen_new: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_Qc: cute.CopyAtom,
+        tma_atom_Qh4: cute.CopyAtom,
+        tma_atom_Qh2: cute.CopyAtom,
+        tma_atom_Qh1: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
         tma_atom_O: cute.CopyAtom,
@@ -532,6 +550,10 @@ class FlashAttentionForwardSm90:
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(self.kv_cache):
+                for atom in (tma_atom_Qh4, tma_atom_Qh2, tma_atom_Qh1):
+                    cpasync.prefetch_descriptor(atom)
+        q_heads = ((mQh4, tma_atom_Qh4), (mQh2, tma_atom_Qh2), (mQh1, tma_atom_Qh1))
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -629,7 +651,7 @@ class FlashAttentionForwardSm90:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS[self.num_consumer_wg])
             if warp_idx == 0:
                 self.load(
-                    mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V,
+                    mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, q_heads, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
                     mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa, sparse_tables, kv_cache,
                 )
@@ -644,6 +666,25 @@ class FlashAttentionForwardSm90:
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
                 partials, make_scheduler, sparse_tables, mScoreParams, kv_cache, sAlibi,
             )
+
+    @cute.jit
+    def load_q_across_heads(self, mQh: cute.Tensor, atom: cute.CopyAtom, r: int, sQ: cute.Tensor, rows: TileRows,
+                            batch_idx: Int32, mbar: cute.Pointer):
+        """A KV-cache tile's Q when each packed head has r < 8 of its rows: per 8-row piece one
+        (r, 8 / r, dim) box of the (seqlen, head, dim, batch) TMA view ``mQh``, rows r apart per
+        head as TileRows maps them (kv_cache.FEW_HEAD_ROWS). A loop, not unrolled: a decoding
+        CTA runs one of these paths once, and their code is fetched through instruction-cache
+        misses (docs/perf_notes.md, session 57)."""
+        heads = 8 // r
+        for c in cutlass.range(self.tile_m // 8, unroll=1):
+            gQh = cute.local_tile(mQh[None, None, None, batch_idx], (r, heads, self.head_dim),
+                                  (rows.row(c * 8) // r, rows.head(c * 8) // heads, 0))
+            sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
+            sQh = cute.make_tensor(sQc.iterator, cute.composition(
+                sQc.layout, cute.make_layout((r, heads, self.head_dim), stride=(1, r, 8))))
+            tQsQh, tQgQh = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sQh, 0, 3),
+                                                 cute.group_modes(gQh, 0, 3))
+            cute.copy(atom, tQgQh, tQsQh, tma_bar_ptr=mbar)
 
     def alibi_layouts(self):
         """alibi_by_mma's operands in shared memory: (tile_m, 16) for A, (tile_n, 16) for B."""
@@ -662,6 +703,7 @@ class FlashAttentionForwardSm90:
         sV: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_Qc: cute.CopyAtom,
+        q_heads,  # kv_cache: ((TMA view, atom) per FEW_HEAD_ROWS)
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
         pipeline_q: pipeline.PipelineAsync,
@@ -752,18 +794,31 @@ class FlashAttentionForwardSm90:
             if pack_gqa == 1:
                 cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             else:
-                # One 8-row TMA load per piece of one head's rows (TileRows: which head and rows).
-                for c in cutlass.range_constexpr(self.tile_m // 8):
-                    gQc = cute.local_tile(
-                        self.tile_view(mQc, rows.head(c * 8), batch_idx, seq.offset_q),
-                        (8, self.head_dim), (rows.row(c * 8) // 8, 0),
-                    )
-                    sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
-                    tQsQc, tQgQc = cpasync.tma_partition(
-                        tma_atom_Qc, 0, cute.make_layout(1), cute.group_modes(sQc, 0, 2),
-                        cute.group_modes(gQc, 0, 2),
-                    )
-                    cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+                mbar_q = pipeline_q.producer_get_barrier(q_state)
+                few_rows = False  # KV cache: each head has fewer than 8 rows of the tile
+                if const_expr(self.kv_cache):
+                    few_rows = rows.block_rows < 8
+                if few_rows:
+                    (mQh4, atom4), (mQh2, atom2), (mQh1, atom1) = q_heads
+                    if rows.block_rows == FEW_HEAD_ROWS[0]:
+                        self.load_q_across_heads(mQh4, atom4, FEW_HEAD_ROWS[0], sQ, rows, batch_idx, mbar_q)
+                    elif rows.block_rows == FEW_HEAD_ROWS[1]:
+                        self.load_q_across_heads(mQh2, atom2, FEW_HEAD_ROWS[1], sQ, rows, batch_idx, mbar_q)
+                    else:
+                        self.load_q_across_heads(mQh1, atom1, FEW_HEAD_ROWS[2], sQ, rows, batch_idx, mbar_q)
+                else:
+                    # One 8-row TMA load per piece of one head's rows (TileRows: which head and rows).
+                    for c in cutlass.range_constexpr(self.tile_m // 8):
+                        gQc = cute.local_tile(
+                            self.tile_view(mQc, rows.head(c * 8), batch_idx, seq.offset_q),
+                            (8, self.head_dim), (rows.row(c * 8) // 8, 0),
+                        )
+                        sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
+                        tQsQc, tQgQc = cpasync.tma_partition(
+                            tma_atom_Qc, 0, cute.make_layout(1), cute.group_modes(sQc, 0, 2),
+                            cute.group_modes(gQc, 0, 2),
+                        )
+                        cute.copy(tma_atom_Qc, tQgQc, tQsQc, tma_bar_ptr=mbar_q)
             q_state.advance()
             # Steady state: K of block j-1 goes out before V of block j, matching the consumers'
             # issue order (Q @ K^T of j-1 together with P @ V of j).
