@@ -4,8 +4,9 @@ paged (16-, 48- and 64-row pages) and contiguous caches, appended rows written b
 and read by the producer's TMA after the KV_APPEND barrier, causal chunks of queries (static
 schedule, split like a decoding step) with appends, explicit split counts, a local window
 (dynamic schedule), page ids past the cache (clamped: no access outside it), and verification
-tiles whose pieces all merge. Calls whose rows see every key (one token; non-causal without a
-window) run the unmasked twin (catalog.KV_CACHE_TWIN_MASKS), the others the window kernel.
+tiles whose pieces all merge, and groups of 16 to 64 query heads per K/V head. Calls whose rows
+see every key (one token; non-causal without a window) run the unmasked twin
+(catalog.KV_CACHE_TWIN_MASKS), the others the window kernel.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_kv_cache.py
 """
@@ -45,5 +46,13 @@ q8 = torch.randn(1, 8, hq, d, device=dev, dtype=bf16)
 new8 = torch.randn(1, 8, hkv, d, device=dev, dtype=bf16)
 for _ in range(2):
     fa4.attention_with_kvcache(q8, k[:1], v[:1], lengths[2:].clone(), k_new=new8, v_new=new8)
+# Groups of 16, 32 and 64 query heads per K/V head: Q pieces across heads of 4, 2 and 1 rows
+# (kv_cache.FEW_HEAD_ROWS), one token appended and 3 causal tokens.
+k2, v2 = (torch.randn(b + 1, 4096, 2, d, device=dev, dtype=bf16) for _ in range(2))
+for heads_q in (32, 64, 128):
+    for sq in (1, 3):
+        q = torch.randn(b, sq, heads_q, d, device=dev, dtype=bf16)
+        new = torch.randn(b, sq, 2, d, device=dev, dtype=bf16)
+        fa4.attention_with_kvcache(q, k2, v2, lengths, k_new=new, v_new=new, cache_batch_idx=index)
 torch.cuda.synchronize()
 print("kv-cache sanitizer runs done")

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fa4
+from fa4 import _native
 from fa4.testing import lse_error, naive_attention, rel_error
 
 from ..conftest import requires_hopper
@@ -64,6 +65,18 @@ def test_documents_pack_gqa(pack_gqa, kw, heads):
     gen = torch.Generator().manual_seed(7)
     lengths = random_documents(9, 300, generator=gen)
     check_varlen(lengths, lengths, heads[0], heads[1], 128, 128, pack_gqa=pack_gqa, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window": (30, 5)}])
+@pytest.mark.parametrize("heads, d", [((32, 1), 128), ((32, 2), 64)])
+def test_documents_pack_part_of_a_large_group(kw, heads, d):
+    """Short documents with more query heads per K/V head than a tile stacks: the automatic
+    choice packs the largest power-of-two part that does (16 of hd128's 128 rows, 8 of hd64's
+    192), and those tiles of one K/V head read its documents' K/V."""
+    gen = torch.Generator().manual_seed(11)
+    lengths = random_documents(7, 40, generator=gen)
+    check_varlen(lengths, lengths, heads[0], heads[1], d, d, **kw)
+    assert _native.last_launch("fwd")["pack_gqa"] == (16 if d == 128 else 8)
 
 
 # 32 and 33 documents: the kernel's tile decode looks at 32 sequences per round (a warp's lanes);

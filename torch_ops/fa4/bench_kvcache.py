@@ -149,9 +149,8 @@ def speculative(args, dtype, heads_q=32, heads_kv=8, d=128) -> None:
 
 def gqa_groups(args, dtype, d=128) -> None:
     """One decoding token over other query heads per K/V head than the table's 4: 8 (64/8), 16
-    (32/2, 128/8's ratio) and MQA (64/1), against SDPA, at 1 x 32k and 8 x 32k. A group larger
-    than a tile stacks (8 heads on the 64-row KV-cache tiles) is packed only where its heads fit
-    (fa4.heuristics.pack_gqa_factor), and unpacked tiles read their K/V once per query head."""
+    (32/2, 128/8's ratio) and MQA (64/1), against SDPA, at 1 x 32k and 8 x 32k. The KV-cache
+    tiles stack up to 64 heads (kv_cache.FEW_HEAD_ROWS), so each of these reads its K/V once."""
     print("\nGQA groups, one query token: GB/s of K+V read, eager | CUDA graph (fa4 / SDPA, graph)")
     for batch, length in ((1, 32768), (8, 32768)):
         cells = []
