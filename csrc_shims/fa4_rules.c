@@ -147,9 +147,9 @@ static int32_t stacked_part(int64_t group, int32_t tile_m, int32_t head_rows) {
  * stack at most tile_m / 8 heads and the KV cache's 64-row ones 64. The automatic choice packs
  * the largest power-of-two part of the group that stacks, so a larger group (16:1 or MQA on the
  * dense 128-row tiles: 16) reads K/V group / part times: one K/V head's tiles then differ only in
- * their query heads. Measured (H100, bf16 hd128 KV cache, one token, 1 x 32k, us): 32 / 2 heads
- * 101.3-102.6 unpacked, 19.9-20.0 packed by 8 of 16 (8-row heads); 64 / 1 194.3 and 31.7 (8 of
- * 64). pack_gqa=True asks for the whole group in one tile: groups of 2, 4, 8 or 16 heads, where
+ * their query heads. Measured (H100, bf16 hd128 KV cache, one token, 1 x 32k, CUDA-graph us):
+ * 32 / 2 heads 101.3-102.6 unpacked, 19.9-20.0 by 8 of 16 (8-row heads), 16.6 by all 16 (4-row
+ * heads); 64 / 1 194.3, 31.7 (8 of 64) and 17.5 (all 64). pack_gqa=True asks for the whole group in one tile: groups of 2, 4, 8 or 16 heads, where
  * the tile stacks them (else it refuses, naming the most it stacks). */
 int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t head_rows,
                             int32_t override, int32_t *factor) {
@@ -303,6 +303,14 @@ int64_t fa4_kv_kernel_page_rows(int64_t page_size) {
 /* ------------------------------------------------------------------------- split tail */
 /* Pieces of a split tile are at least MIN_PIECE_BLOCKS K/V blocks long. */
 #define MIN_PIECE_BLOCKS 2
+/* and a tile has at most MAX_PIECES_PER_TILE of them: the merge folds every piece's partial rows,
+ * so its cost grows with the pieces of a tile while their K/V shares shrink. Measured on an H100
+ * (`python -m fa4.bench --sweep --sweep-only decode`, CUDA-graph time, bf16 hd128 KV cache, one
+ * token; session 58), one or two tiles over the whole grid against 64 pieces a tile: 64 / 1 heads
+ * (one tile, 64 live rows) at 1 x 32k 10.9% and at 1 x 128k 9.3% slower with 128-132 pieces;
+ * 32 / 2 (two tiles) with 66 pieces each 2.3% and 1.4% slower than with 64. Every row with more
+ * tiles (16 pieces a tile or fewer) was fastest at the rule's count. */
+#define MAX_PIECES_PER_TILE 64
 
 /* K/V blocks' worth of time a piece of a split tile costs beyond its own blocks: it loads its
  * own Q, its first Q @ K^T and last P @ V have no partner GEMM to overlap, and its partial
@@ -339,7 +347,7 @@ int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks
   int64_t tail = num_tiles % num_sms; /* all of them when there are fewer tiles than SMs */
   if (override == 0 || tail == 0 || n_blocks < MIN_PIECE_BLOCKS) return 0;
   int64_t units = tail * n_blocks;
-  int64_t ctas = min64(num_sms, units / MIN_PIECE_BLOCKS);
+  int64_t ctas = min64(min64(num_sms, units / MIN_PIECE_BLOCKS), tail * MAX_PIECES_PER_TILE);
   if (ctas <= tail) return 0; /* no more pieces than tiles: nothing to gain */
   if (override == FA4_AUTO && ceil_div(units, ctas) + fa4_split_overhead_blocks(head_dim_v) >= n_blocks) return 0;
   return whole_pieces(ctas, tail, n_blocks);

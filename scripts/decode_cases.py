@@ -3,11 +3,13 @@ one): per case, the kernel fa4 ran (variant, pack-GQA factor, split CTAs), its e
 SDPA, and the CUDA-graph and "step" us per call (fa4.bench_kvcache's graph_ms / step_ms: the
 best of 5) beside SDPA's. bf16, head_dim 128, contiguous caches filled to their length.
 
-    python3 scripts/decode_cases.py BATCHxLENGTH[xTOKENS[xHEADS_Q/HEADS_KV]] ...
+    python3 scripts/decode_cases.py BATCHxLENGTH[xTOKENS[xHEADS_Q/HEADS_KV]][+append] ...
     python3 scripts/decode_cases.py 1x4096 1x4096x4 1x4096x1x32/2 1x32768x1x64/1
 
 TOKENS (default 1) are causal query tokens at the sequence's end (speculative verification);
-HEADS default 32/8. Add ``--no-step`` to skip the step column, ``--no-sdpa`` to skip SDPA.
+HEADS default 32/8; +append: the call appends the tokens' K/V (k_new/v_new) as the sequence's
+last ones, into the same slots each call. Add ``--no-step`` to skip the step column, ``--no-sdpa``
+to skip SDPA.
 """
 import sys
 
@@ -20,6 +22,7 @@ from fa4.bench_kvcache import graph_ms, step_ms
 
 
 def parse(case: str):
+    case = case.removesuffix("+append")
     parts = case.split("x")
     batch, length = int(parts[0]), int(parts[1])
     tokens = int(parts[2]) if len(parts) > 2 else 1
@@ -36,6 +39,7 @@ def main(argv):
     sdpa = "--no-sdpa" not in argv
     for case in (a for a in argv if not a.startswith("--")):
         batch, length, tokens, heads_q, heads_kv = parse(case)
+        append = case.endswith("+append")
         gen = torch.Generator(device="cuda").manual_seed(0)
         k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
                 for _ in range(2))
@@ -45,8 +49,15 @@ def main(argv):
         visible = torch.ones(tokens, length, dtype=torch.bool, device="cuda").tril(length - tokens)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
+        # +append: the tokens' K/V are written into the cache's last slots by the call (the same
+        # slots every call), attended to as the sequence's end.
+        k_new = v_new = None
+        if append:
+            k_new, v_new = k[:, length - tokens:].clone(), v[:, length - tokens:].clone()
+        cached = lens - tokens if append else lens
+
         def fa():
-            return fa4.attention_with_kvcache(q, k, v, lens)
+            return fa4.attention_with_kvcache(q, k, v, cached, k_new=k_new, v_new=v_new)
 
         def reference():
             return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=None if tokens == 1 else visible,

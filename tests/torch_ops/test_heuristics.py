@@ -209,6 +209,8 @@ def test_split_tail_takes_every_sm_for_a_partial_last_round():
     assert split(100, 132, 3) == 0  # 300 blocks on 132 SMs: 3 each + overhead, no better than one tile
     assert split(100, 132, 3, override=True) == 132
     assert split(131, 132, 2, override=True) == 0  # 131 two-block pieces: no more pieces than tiles
+    assert split(1, 132, 256) == 64  # MQA decoding at 1 x 32k, one tile: at most 64 pieces a tile
+    assert split(2, 132, 1024) == 128  # 32 / 2 heads at 1 x 128k: 64 pieces each, not 66
 
 
 def test_masks_that_hide_nothing_are_dropped():

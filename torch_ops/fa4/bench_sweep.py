@@ -91,12 +91,12 @@ def _varlen(hd, causal, long_doc=TOKENS // 2, docs=8, dtype=torch.bfloat16):
                  _fwd_candidates(False))
 
 
-def _decode(batch, length, dtype=torch.bfloat16):
-    k, v = (torch.randn(batch, length, 8, 128, device="cuda", dtype=dtype) for _ in range(2))
-    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=dtype)
+def _decode(batch, length, heads_q=32, heads_kv=8, dtype=torch.bfloat16):
+    k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=dtype) for _ in range(2))
+    q = torch.randn(batch, 1, heads_q, 128, device="cuda", dtype=dtype)
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     candidates = [(f"num_splits={n}", {}, {"num_splits": n}) for n in (1, 2, 4, 8, 16, 32, 64, 128)]
-    return Shape("decode", f"decode hd128 32/8 {batch}x{length // 1024}k",
+    return Shape("decode", f"decode hd128 {heads_q}/{heads_kv} {batch}x{length // 1024}k",
                  lambda **kw: fa4.attention_with_kvcache(q, k, v, lens, **kw), candidates)
 
 
@@ -130,6 +130,10 @@ def shapes(quick: bool = False):
         out.append(lambda hd=hd, c=causal: _varlen(hd, c))
     for batch, length in itertools.product((1, 8, 64), (4096, 32768)):
         out.append(lambda b=batch, n=length: _decode(b, n))
+    # Groups of 16 and 64 query heads per K/V head: one tile of 16 or 64 live rows per K/V head.
+    for (heads_q, heads_kv), (batch, length) in itertools.product(((32, 2), (64, 1)),
+                                                                  ((1, 4096), (1, 32768), (1, 131072), (8, 32768))):
+        out.append(lambda b=batch, n=length, h=heads_q, g=heads_kv: _decode(b, n, h, g))
     for hd, seqlen, causal in itertools.product((64, 128, 256), (1024, 4096, 16384), (False, True)):
         out.append(lambda hd=hd, s=seqlen, c=causal: _backward(hd, s, c))
     for seqlen, causal in itertools.product((4096, 16384), (False, True)):
