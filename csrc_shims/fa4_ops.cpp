@@ -790,7 +790,7 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   auto tile_m_of = [&](int f) { return c.family[f] >= 0 ? fa4_variants[c.family[f]].tile_m : 0; };
   // Forced packing runs in the family whose tiles stack the group; the automatic choice in the
   // one whose tiles pack the most heads.
-  const int32_t head_rows = cache ? fa4_kv_cache_head_rows : 8;
+  const int32_t head_rows = cache ? fa4_kv_cache_head_rows : FA4_Q_PIECE_ROWS;
   int32_t index = c.family[fa4_packing_family(hq, hkv, longest_q, tile_m_of(FA4_TILES_REGULAR),
                                               tile_m_of(FA4_TILES_SHORT), tile_m_of(FA4_TILES_LONG), head_rows,
                                               override)];

@@ -127,6 +127,8 @@ static int32_t stacks(int64_t group, int32_t tile_m, int32_t head_rows) {
   return tile_m % group == 0 && (tile_m / group) % head_rows == 0;
 }
 
+int32_t fa4_q_piece_rows(void) { return FA4_Q_PIECE_ROWS; }
+
 #define MAX_PACK 64 /* the most heads a tile stacks: a 64-row KV-cache tile of one-row heads */
 
 /* The largest power-of-two part of the group that stacks in tile_m rows (1: none). A part that

@@ -302,7 +302,7 @@ int32_t fa4_fwd(int32_t index, const fa4_tensor *q, const fa4_tensor *k, const f
     return fail(FA4_ERR_BAD_TENSOR, "pack_gqa must be 1 or a power of two <= 64 dividing heads_q / heads_kv "
                 "(got %d)", params->pack_gqa);
   /* A packed head's rows: a multiple of 8 (one head per Q piece), or kv_cache.FEW_HEAD_ROWS. */
-  const int head_rows = variant->kv_cache ? fa4_kv_cache_head_rows : 8;
+  const int head_rows = variant->kv_cache ? fa4_kv_cache_head_rows : FA4_Q_PIECE_ROWS;
   if (variant->tile_m % params->pack_gqa != 0 || (variant->tile_m / params->pack_gqa) % head_rows != 0) {
     int largest = 1;  /* the largest power-of-two group this variant can stack */
     while (largest < 64 && (variant->tile_m / (2 * largest)) % head_rows == 0) largest *= 2;

@@ -56,6 +56,7 @@ def rules() -> ctypes.CDLL:
         "fa4_tile_fill": (f64, [i64, i64]),
         "fa4_tile_family": (i32, [i64, i64, i32, i32, i32, i32, i32, i32]),
         "fa4_pack_gqa_factor": (i32, [i64, i64, i64, i32, i32, i32, ctypes.POINTER(i32)]),
+        "fa4_q_piece_rows": (i32, []),
         "fa4_packable_group": (i32, [i64]),
         "fa4_packing_family": (i32, [i64, i64, i64, i32, i32, i32, i32, i32]),
         "fa4_l2_swizzle_budget": (i64, [i64, i32]),
@@ -325,21 +326,26 @@ def kv_kernel_page_rows(page_size: int) -> int:
 
 
 def packing_family(heads_q: int, heads_kv: int, tile_m: int, built: dict[str, int], seqlen_q: int = 1,
-                   override: bool | None = True, head_rows: int = 8) -> str:
+                   override: bool | None = True, head_rows: int | None = None) -> str:
     """The tile family a call runs in for pack-GQA (``built``: the extra families' tile_m): with
     pack_gqa=True the one whose tiles stack the group, with None the one that packs the most heads
     for ``seqlen_q`` rows (the regular tiles on a tie). ``head_rows`` as for pack_gqa_factor."""
     return TILE_FAMILIES[rules().fa4_packing_family(heads_q, heads_kv, seqlen_q, tile_m, built.get("short", 0),
-                                                    built.get("long", 0), head_rows, _tri(override))]
+                                                    built.get("long", 0), _head_rows(head_rows), _tri(override))]
+
+
+def _head_rows(head_rows: int | None) -> int:
+    return rules().fa4_q_piece_rows() if head_rows is None else head_rows
 
 
 def pack_gqa_factor(heads_q: int, heads_kv: int, seqlen_q: int, tile_m: int, override: bool | None = None,
-                    head_rows: int = 8) -> int:
+                    head_rows: int | None = None) -> int:
     """Query heads stacked in one tile (1: none); ValueError where pack_gqa=True cannot stack
     this group in ``tile_m`` rows. ``head_rows``: the rows a packed head's share of the tile is a
-    multiple of (8; 1 for the KV-cache kernels, whose Q pieces span heads)."""
+    multiple of (None: the dense kernels' 8-row Q pieces; 1 for the KV-cache kernels, whose Q
+    pieces span heads)."""
     factor = ctypes.c_int32()
-    if rules().fa4_pack_gqa_factor(heads_q, heads_kv, seqlen_q, tile_m, head_rows, _tri(override),
+    if rules().fa4_pack_gqa_factor(heads_q, heads_kv, seqlen_q, tile_m, _head_rows(head_rows), _tri(override),
                                    ctypes.byref(factor)):
         raise ValueError(_error())
     return factor.value
