@@ -413,12 +413,12 @@ int32_t dtype_id(ScalarType t) { return t == ScalarType::BFloat16 ? FA4_DTYPE_BF
 
 Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, int64_t dv, int32_t mask_kind,
                          bool softcap, bool varlen, int32_t kind, int32_t score_mod = FA4_SCORE_NONE,
-                         bool kv_cache = false, bool trace = false) {
+                         int32_t kv_cache = FA4_KV_CACHE_NONE, bool trace = false) {
   // The last few keys this thread looked up (a scan of the table is ~1 us of a call's host time).
   uint64_t key = ((uint64_t)(dev.cc_major * 10 + dev.cc_minor) << 48) | ((uint64_t)dtype_id(dtype) << 44) |
                  ((uint64_t)(d & 0xfff) << 32) | ((uint64_t)(dv & 0xfff) << 20) | ((uint64_t)mask_kind << 16) |
                  ((uint64_t)softcap << 12) | ((uint64_t)varlen << 8) | ((uint64_t)score_mod << 4) |
-                 ((uint64_t)trace << 9) | ((uint64_t)kv_cache << 3) | (uint64_t)(kind + 1);
+                 ((uint64_t)kv_cache << 13) | ((uint64_t)trace << 9) | (uint64_t)(kind + 1);
   static thread_local std::array<std::pair<uint64_t, Candidates>, 8> recent{};
   static thread_local size_t next_slot = 0;
   for (auto &entry : recent)
@@ -428,7 +428,7 @@ Candidates find_variants(const DeviceFacts &dev, ScalarType dtype, int64_t d, in
     const fa4_variant &x = fa4_variants[i];
     if (x.kind == kind && x.cc_major == dev.cc_major && x.cc_minor == dev.cc_minor && x.dtype == dtype_id(dtype) &&
         x.head_dim == d && x.head_dim_v == dv && x.mask == mask_kind && x.softcap == (int32_t)softcap &&
-        x.varlen == (int32_t)varlen && x.score_mod == score_mod && x.kv_cache == (int32_t)kv_cache &&
+        x.varlen == (int32_t)varlen && x.score_mod == score_mod && x.kv_cache == kv_cache &&
         x.trace == (int32_t)trace)
       c.family[x.tiles] = i;
   }
@@ -764,16 +764,23 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   // sequence, as one decoding token does, causal or not, without a left window) runs the twin
   // where one is built for its dtype, head dims and softcap: ~1.6k fewer instructions (hd128),
   // which a decoding CTA runs once, through instruction-cache misses (H100, 1 x 4k: 0.6 us less a
-  // call under CUDA graphs). The heuristics below see the call's kind.
+  // call under CUDA graphs). With rows to append it runs the twin's append twin where built
+  // (FA4_KV_CACHE_APPEND; traced calls keep the twin, which has a trace twin). The heuristics below
+  // see the call's kind.
   int32_t variant_mask = cache ? fa4_kv_cache_mask : mask.kind;
+  int32_t cache_kind = cache ? FA4_KV_CACHE_PLAIN : FA4_KV_CACHE_NONE;
   auto candidates = [&](bool trace) {
     return find_variants(dev, q.scalar_type(), d, dv, variant_mask, softcap > 0.0, varlen != nullptr, FA4_KERNEL_FWD,
-                         FA4_SCORE_NONE, cache != nullptr, trace);
+                         FA4_SCORE_NONE, cache_kind, trace);
   };
   if (cache && ((fa4_kv_cache_twin_masks >> mask.kind) & 1)) {
     variant_mask = mask.kind;
-    if (candidates(traced).family[FA4_TILES_REGULAR] < 0 && candidates(false).family[FA4_TILES_REGULAR] < 0)
+    if (candidates(traced).family[FA4_TILES_REGULAR] < 0 && candidates(false).family[FA4_TILES_REGULAR] < 0) {
       variant_mask = fa4_kv_cache_mask;  // no twin of these head dims (softcap, a partial build)
+    } else if (cache->seqlen_new > 0 && !traced) {
+      cache_kind = FA4_KV_CACHE_APPEND;
+      if (candidates(false).family[FA4_TILES_REGULAR] < 0) cache_kind = FA4_KV_CACHE_PLAIN;  // not built
+    }
   }
   Candidates c = candidates(traced);
   if (traced && c.family[FA4_TILES_REGULAR] < 0) {

@@ -61,6 +61,11 @@ enum fa4_dtype { FA4_DTYPE_BF16 = 0, FA4_DTYPE_FP16 = 1 };
    (src/fa4_kernels/split_partials.py, "distributed"). */
 #define FA4_SPLIT_DISTRIBUTED 2
 
+/* fa4_variant.kv_cache: a dense forward, a KV-cache forward, or a KV-cache forward's append twin
+   (src/fa4_kernels/kv_cache.py: appended rows copied into the first K/V block's loaded stages;
+   catalog.VariantKey.kv_append), which calls with rows to append run where built. */
+typedef enum { FA4_KV_CACHE_NONE = 0, FA4_KV_CACHE_PLAIN = 1, FA4_KV_CACHE_APPEND = 2 } fa4_kv_cache_kind;
+
 typedef struct {
   const char *name;
   int32_t kind; /* fa4_kernel_kind: which of fwd / bwd / bwd_pre / bwd_post below is set */
@@ -74,7 +79,7 @@ typedef struct {
   int32_t score_mod; /* fa4_score_mod (fa4_shim.h) */
   int32_t tiles;
   int32_t varlen; /* 1: q/k/v/out are (1, total, heads, dim), sequences given by cu_seqlens */
-  int32_t kv_cache; /* 1: k/v are a paged KV cache read through page_table (fa4_fwd) */
+  int32_t kv_cache; /* fa4_kv_cache_kind: k/v are a paged KV cache read through page_table (fa4_fwd) */
   int32_t trace;    /* 1: also records a per-tile timeline (src/fa4_kernels/trace.py; fa4_ops.cpp trace_call) */
   int32_t tile_m; /* query rows per tile (fwd: pack-GQA needs tile_m / pack_gqa a multiple of 8;
                      bwd: the padding unit of the LSE/dPsum rows) */

@@ -6,7 +6,9 @@ schedule, split like a decoding step) with appends, explicit split counts, a loc
 (dynamic schedule), page ids past the cache (clamped: no access outside it), and verification
 tiles whose pieces all merge, and groups of 16 to 64 query heads per K/V head. Calls whose rows
 see every key (one token; non-causal without a window) run the unmasked twin
-(catalog.KV_CACHE_TWIN_MASKS), the others the window kernel.
+(catalog.KV_CACHE_TWIN_MASKS), with rows to append its append twin (rows copied into the loaded
+stages, or waited for where they straddle two blocks or exceed kv_cache.PATCHED_ROWS), the others
+the window kernel.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_kv_cache.py
 """
@@ -54,5 +56,10 @@ for heads_q in (32, 64, 128):
         q = torch.randn(b, sq, heads_q, d, device=dev, dtype=bf16)
         new = torch.randn(b, sq, 2, d, device=dev, dtype=bf16)
         fa4.attention_with_kvcache(q, k2, v2, lengths, k_new=new, v_new=new, cache_batch_idx=index)
+# The append twin: 1 and 16 rows in the first block (copied into its stages), 2 rows across a
+# block boundary and 17 rows (the producer waits), one decoding token each.
+for seqlen_new, length in ((1, 127), (16, 100), (2, 127), (17, 40)):
+    new = torch.randn(b, seqlen_new, hkv, d, device=dev, dtype=bf16)
+    fa4.attention_with_kvcache(q1, k, v, torch.full_like(lengths, length), k_new=new, v_new=new, cache_batch_idx=index)
 torch.cuda.synchronize()
 print("kv-cache sanitizer runs done")

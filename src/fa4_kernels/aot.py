@@ -115,8 +115,9 @@ def variant_digest(key: catalog.VariantKey, sources: str, version: str) -> str:
     mode = env_settings()["diag_stamps"]
     diag = ["diag_stamps"] + ([] if mode == "all" else [mode]) if mode else []
     fields = key.as_dict()
-    if not key.trace:  # keys from before trace twins existed hash as they did
-        del fields["trace"]
+    for later in ("trace", "kv_append"):  # keys from before these fields existed hash as they did
+        if not fields.get(later):
+            fields.pop(later, None)
     blob = json.dumps([fields, asdict(cfg), sources, version] + diag, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -190,6 +191,7 @@ def _compile_fwd(key: catalog.VariantKey):
         epilogue_addresses_per_tile=cfg.epilogue_addresses_per_tile, bias_waves=cfg.bias_waves,
         bias_uniform_tiles=cfg.bias_uniform_tiles,
         block_sparse=key.mask == catalog.SPARSE_MASK, score_mod=key.score_mod, kv_cache=key.kv_cache,
+        patch_appends=key.kv_append,
         exp2_fma=cfg.exp2_fma, stamps=env_settings()["diag_stamps"], trace=key.trace,
         alibi_by_mma=cfg.alibi_by_mma,
     )
@@ -581,8 +583,10 @@ def generate_table(keys) -> str:
         # A clustered variant falls back to its 1-CTA twin, which the catalog builds beside it (a
         # library of a subset without it: -1, and the shim refuses where the clusters do not fit).
         fallback = index.get(replace(key, tiles="regular").name, -1) if cluster > 1 else -1
+        cache = ("FA4_KV_CACHE_APPEND" if key.kv_append else "FA4_KV_CACHE_PLAIN" if key.kv_cache
+                 else "FA4_KV_CACHE_NONE")
         rows.append(f'  {{"{n}", {kind}, {major}, {minor}, {dtype}, {key.head_dim}, {key.head_dim_v}, {mask}, '
-                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {int(key.kv_cache)}, {int(key.trace)}, '
+                    f'{int(key.softcap)}, {score}, {tiles}, {int(key.varlen)}, {cache}, {int(key.trace)}, '
                     f'{cfg.tile_m}, {getattr(cfg, "tile_n", 0)}, {split_tail}, {cluster}, {fallback}, {n}_init, '
                     f'{n}_load, {launch}}},')
     out.append("const fa4_variant fa4_variants[] = {")

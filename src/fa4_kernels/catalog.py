@@ -44,6 +44,11 @@ KV_CACHE_MASKS = ("local",)
 # verification and 1.6% slower for a 2048-token chunk. Both in docs/perf_notes.md ("KV-cache twins
 # for one-token decoding").
 KV_CACHE_TWIN_MASKS = ("none",)
+# ... and for those twins an append twin (VariantKey.kv_append), which calls with rows to append
+# run: it copies up to kv_cache.PATCHED_ROWS appended rows into the first K/V block's loaded stages
+# instead of its producer waiting for their cache stores. Code the other twin does without (calls
+# with nothing to append ran 0.25-0.3 us slower at 1 x 4k with it, H100 and H200, session 58);
+# appends at 1 x 4k 10.05-10.16 -> 9.82-9.88 us under CUDA graphs (H100). Not traced.
 # Trace variants (fa4.trace; src/fa4_kernels/trace.py): forwards that also record a timeline of
 # their tiles. The wheel ships them for these keys (dense, packed and KV-cache, with every tile
 # family built for them; the KV cache's window kernel stands for all three masks, beside its
@@ -88,6 +93,7 @@ class VariantKey:
     kernel: str = "fwd"  # KERNELS
     score_mod: str = "none"  # "none" | SCORE_MODS (block-sparse fwd and bwd)
     kv_cache: bool = False  # K/V from a paged KV cache (fwd only)
+    kv_append: bool = False  # the KV cache's append twin (KV_CACHE_TWIN_MASKS; kv_cache.py)
     trace: bool = False  # records a per-tile timeline (fwd only, not block-sparse: TRACE_*)
 
     @property
@@ -99,7 +105,7 @@ class VariantKey:
         vl = "_varlen" if self.varlen else ""
         tl = "" if self.tiles == "regular" else f"_{self.tiles}seq"
         sm = "" if self.score_mod == "none" else f"_{self.score_mod}"
-        kv = "_kvcache" if self.kv_cache else ""
+        kv = "_kvcache" + ("_append" if self.kv_append else "") if self.kv_cache else ""
         tr = "_trace" if self.trace else ""
         return (f"fa4_{self.kernel}_{self.arch}_{self.dtype}_d{self.head_dim}x{self.head_dim_v}_{self.mask}"
                 f"{sc}{sm}{vl}{kv}{tl}{tr}")
@@ -136,7 +142,7 @@ def bwd_tile_family_built(key: VariantKey) -> bool:
 
 def traceable(key: VariantKey) -> bool:
     """Whether ``key`` may have a trace twin: a dense, packed or KV-cache forward."""
-    return key.kernel == "fwd" and key.mask != SPARSE_MASK and not key.trace
+    return key.kernel == "fwd" and key.mask != SPARSE_MASK and not key.trace and not key.kv_append
 
 
 def shipped_trace(key: VariantKey) -> bool:
@@ -175,8 +181,9 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
         for arch, dtype, (hd, hdv), mask, softcap in itertools.product(
             archs, DTYPES, HEAD_DIMS, KV_CACHE_MASKS, (False, True))
     ] + [
-        VariantKey(arch, dtype, hd, hdv, mask, False, kv_cache=True)
-        for arch, dtype, (hd, hdv), mask in itertools.product(archs, DTYPES, HEAD_DIMS, KV_CACHE_TWIN_MASKS)
+        VariantKey(arch, dtype, hd, hdv, mask, False, kv_cache=True, kv_append=append)
+        for arch, dtype, (hd, hdv), mask, append in itertools.product(
+            archs, DTYPES, HEAD_DIMS, KV_CACHE_TWIN_MASKS, (False, True))
     ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")

@@ -253,7 +253,8 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
     assert key.mask in catalog.KV_CACHE_MASKS or (key.mask in catalog.KV_CACHE_TWIN_MASKS and not key.softcap), \
         "KV-cache calls take their window at run time (the twins without softcap: catalog.KV_CACHE_TWIN_MASKS)"
-    dense = fwd_config(replace(key, kv_cache=False))
+    assert not key.kv_append or key.mask in catalog.KV_CACHE_TWIN_MASKS, "append twins: of the unmasked twins"
+    dense = fwd_config(replace(key, kv_cache=False, kv_append=False))
     # The epilogue's addresses per tile: held across the K/V loop, one of them spilled (hd128).
     # Every window is scheduled statically with the split tail (sm90/fwd.py): decoding and
     # speculative verification's few tiles then spread over the GPU, and a window's tiles are of

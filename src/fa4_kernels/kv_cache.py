@@ -23,12 +23,22 @@ registers cannot hold the copies' addresses: they spilled). Every tile that visi
 writes them, with the same values (the tiles of one K/V head's query heads, query blocks, or
 split pieces), so no tile waits for another (FlashAttention-3 appends the same way,
 hopper/flash_fwd_kernel_sm90.h).
+
+The append twin (catalog.VariantKey.kv_append: the unmasked twin again, run by calls with rows to
+append) shortens that wait: a decoding or verification step appends at most PATCHED_ROWS rows,
+all in the sequence's last block, which is a tile's first visited block. There its producer loads
+that block without waiting (the appended slots may arrive old or new), and the consumers copy the
+appended rows into the loaded K and V stages themselves (``patch_rows``) before the block's GEMMs
+(``waits_for_append`` decides, alike in the producer and the consumers). Only the twin carries
+that code: in every kernel it grew the image by ~300-400 instructions (hd128), which a decoding
+CTA fetches through instruction-cache misses, and calls with nothing to append got 0.25-0.3 us
+slower at 1 x 4k (docs/perf_notes.md, session 58).
 """
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from fa4_kernels.ptx import prefetch_l1
@@ -39,6 +49,49 @@ CHUNK_ROWS = 16  # rows per TMA box; page sizes are multiples of it
 # decoding token of an MQA group). fa4_rules.c takes the fewest (fa4_kv_cache_head_rows).
 FEW_HEAD_ROWS = (4, 2, 1)
 VECTOR_BYTES = 16  # one append copy per lane and step
+PATCHED_ROWS = 16  # appends up to this many rows into the first block's stages (see above)
+
+
+@cute.jit
+def waits_for_append(seqlen_new: Int32, seqlen_k: Int32, last_block: Int32, tile_n: cutlass.Constexpr[int],
+                     patches: cutlass.Constexpr[bool]):
+    """1 where a tile whose K/V blocks end with ``last_block`` must wait for its consumers'
+    append before its loads. Without ``patches`` (every kernel but the append twin) whenever rows
+    are appended; with it, where its blocks hold appended rows that it does not patch in (some lie
+    before the last block, or more than PATCHED_ROWS of them). The producer and the consumers
+    decide alike."""
+    wait = Int32(0)
+    if seqlen_new > 0:
+        if const_expr(patches):
+            new_first = seqlen_k - seqlen_new
+            if (last_block + 1) * tile_n > new_first:
+                if new_first < last_block * tile_n or seqlen_new > PATCHED_ROWS:
+                    wait = Int32(1)
+        else:
+            wait = Int32(1)
+    return wait
+
+
+@cute.jit
+def patch_rows(sT: cute.Tensor, mNew: cute.Tensor, head: Int32, batch_idx: Int32, seqlen_new: Int32,
+               seqlen_k: Int32, block: Int32, tile_n: cutlass.Constexpr[int], dim: cutlass.Constexpr[int],
+               dtype: cutlass.Constexpr, thread: Int32, num_threads: cutlass.Constexpr[int]):
+    """Copy the appended rows of mNew ((seqlen_new, dim, heads, batch) view) that fall in K/V
+    block ``block`` into its loaded stage sT ((tile_n, dim)), one 16-byte vector per thread and
+    step (the caller fences them for the GEMM and syncs). Their cache stores, made at the tile's
+    start, bring the rows into L1."""
+    vec = VECTOR_BYTES * 8 // dtype.width
+    per_row = dim // vec
+    new_first = seqlen_k - seqlen_new
+    block_first = block * tile_n
+    lo = cutlass.max(new_first, block_first)
+    count = cutlass.max(cutlass.min(seqlen_k, block_first + tile_n) - lo, 0) * per_row
+    for i in cutlass.range(thread, count, num_threads, unroll=1):
+        row = lo + i // per_row
+        col = i - (i // per_row) * per_row
+        src = cute.local_tile(mNew[None, None, head, batch_idx], (1, vec), (row - new_first, col))
+        dst = cute.local_tile(sT, (1, vec), (row - block_first, col))
+        dst.store(src.load())
 
 
 @dataclass(frozen=True)

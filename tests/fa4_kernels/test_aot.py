@@ -1,5 +1,6 @@
 """The build driver's pure parts: cache keys, the generated C stubs and variant table."""
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,13 +36,23 @@ def _generated_c(entries):
     return aot.generate_table([key for key, _ in entries]) + "".join(aot.generate_stub(k, h) for k, h in entries)
 
 
-def test_variant_digest_changes_with_sources_and_dsl_version():
+def test_variant_digest_changes_with_sources_and_dsl_version(monkeypatch):
     a = aot.variant_digest(KEY, "src1", "4.8.1")
     assert a == aot.variant_digest(KEY, "src1", "4.8.1")
     assert a != aot.variant_digest(KEY, "src2", "4.8.1")
     assert a != aot.variant_digest(KEY, "src1", "4.9.0")
     other = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False)
     assert a != aot.variant_digest(other, "src1", "4.8.1")
+    # Keys without the fields added later (trace, kv_append) hash as before them, so the objects
+    # built before stay valid; the KV cache's append twin hashes apart from its twin.
+    cache = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, kv_cache=True)
+    digest = aot.variant_digest(cache, "s", "v")
+    appending = replace(cache, kv_append=True)
+    assert aot.variant_digest(appending, "s", "v") != digest
+    as_dict = catalog.VariantKey.as_dict
+    monkeypatch.setattr(catalog.VariantKey, "as_dict",
+                        lambda key: {k: v for k, v in as_dict(key).items() if k not in ("trace", "kv_append")})
+    assert aot.variant_digest(cache, "s", "v") == digest
 
 
 def test_build_overrides_reach_the_config_and_the_cache_key(monkeypatch):
@@ -65,7 +76,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     # forward kind, sm_90, its call key (bf16, 128 x 128, causal, no softcap, regular tiles, not
     # varlen, no KV cache, not traced), tile_m 128, tile_n 128, no split tail (causal), fwd launcher only
     assert (f'{{"{KEY.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_CAUSAL, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 128, 128, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, FA4_KV_CACHE_NONE, 0, 128, 128, 0,') in c
     assert f"{KEY.name}_fwd, NULL, NULL, NULL}}" in c
     for src in ("q", "k", "v", "o"):
         assert f"t_{src}.dynamic_strides[2] = {src}->stride[2];" in c
@@ -97,6 +108,21 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "fa4_bwd_causal_mask = FA4_MASK_LOCAL;" in c  # catalog.BWD_MASKS
 
 
+def test_generated_table_marks_the_kv_cache_kernels(tmp_path: Path):
+    """A KV-cache forward and its append twin (catalog.VariantKey.kv_append): the kinds the native
+    lookup tells apart (fa4_kv_cache_kind), on 64-row tiles that split their tail."""
+    twin = catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, kv_cache=True)
+    entries = []
+    for key in (twin, replace(twin, kv_append=True)):
+        path = tmp_path / f"{key.name}.h"
+        path.write_text(_fake_header(key.name))
+        entries.append((key, path))
+    c = _generated_c(entries)
+    for key, kind in zip((twin, replace(twin, kv_append=True)), ("FA4_KV_CACHE_PLAIN", "FA4_KV_CACHE_APPEND")):
+        assert (f'{{"{key.name}", FA4_KERNEL_FWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
+                f'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, {kind}, 0, 64, 128, 2,') in c
+
+
 def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     def header(name, tensors):
         return "".join(f"typedef struct {{\n    void *data;\n    int32_t dynamic_shapes[3];\n"
@@ -116,7 +142,7 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     c = _generated_c(entries)
     # The main kernel: hd128's 64 x 128 blocks, varlen; its launcher takes the backward's arguments.
     assert (f'{{"{main.name}", FA4_KERNEL_BWD, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_LOCAL, 1, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, 0, 0, 64, 128, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 1, FA4_KV_CACHE_NONE, 0, 64, 128, 0,') in c
     assert f"NULL, {main.name}_bwd, NULL, NULL}}" in c
     assert "params->num_n_blocks," in c
     assert ("params->has_seqused_k, params->deterministic, params->rotate, params->store_first, "
@@ -126,12 +152,12 @@ def test_generated_table_launches_the_backward_kernels(tmp_path: Path):
     # The preprocess: statistics blocks of 128 rows, no K/V blocks; dense or packed is its
     # run-time argument.
     assert (f'{{"{pre.name}", FA4_KERNEL_BWD_PRE, 9, 0, FA4_DTYPE_BF16, 128, 128, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 128, 0, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, FA4_KV_CACHE_NONE, 0, 128, 0, 0,') in c
     assert f"NULL, NULL, {pre.name}_bwd_pre, NULL}}" in c
     # The postprocess: one per dtype (head dims 0), a flat range in and out.
     assert post.name == "fa4_bwd_post_sm_90a_fp16"
     assert (f'{{"{post.name}", FA4_KERNEL_BWD_POST, 9, 0, FA4_DTYPE_FP16, 0, 0, FA4_MASK_NONE, 0, '
-            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, 0, 0, 0, 0, 0,') in c
+            'FA4_SCORE_NONE, FA4_TILES_REGULAR, 0, FA4_KV_CACHE_NONE, 0, 0, 0, 0,') in c
     assert f"NULL, NULL, NULL, {post.name}_bwd_post}}" in c
     # It waits per sequence for the main kernel's counts (seq_done), so it takes them and the rows.
     assert "t_dq.dynamic_shapes[0] = (int32_t)dq->shape[0];" in c

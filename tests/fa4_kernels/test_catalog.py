@@ -407,9 +407,18 @@ def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
     want |= {(d, hd, hdv, mask, False) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
              for mask in catalog.KV_CACHE_TWIN_MASKS}
     assert {(v.dtype, v.head_dim, v.head_dim_v, v.mask, v.softcap) for v in kv} == want
+    # Those twins have append twins (kv_cache.py: appended rows patched into the loaded stages),
+    # configured as they are.
+    appending = {v for v in kv if v.kv_append}
+    assert appending == {dataclasses.replace(v, kv_append=True) for v in kv
+                         if v.mask in catalog.KV_CACHE_TWIN_MASKS and not v.kv_append}
+    for key in appending:
+        assert key.name.endswith("_kvcache_append")
+        assert heuristics.fwd_config(key) == heuristics.fwd_config(dataclasses.replace(key, kv_append=False))
     for key in kv:
-        assert key.kernel == "fwd" and not key.varlen and key.tiles == "regular" and key.name.endswith("_kvcache")
+        assert key.kernel == "fwd" and not key.varlen and key.tiles == "regular"
+        assert key.name.endswith("_kvcache_append" if key.kv_append else "_kvcache")
         cfg = heuristics.fwd_config(key)
-        dense = heuristics.fwd_config(dataclasses.replace(key, kv_cache=False))
+        dense = heuristics.fwd_config(dataclasses.replace(key, kv_cache=False, kv_append=False))
         assert (cfg.tile_m, cfg.tile_n, cfg.split_tail) == (64, dense.tile_n, True), key.name
         assert cfg.tile_n % 16 == 0  # whole 16-row page boxes (kv_cache.CHUNK_ROWS)

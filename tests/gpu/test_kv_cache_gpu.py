@@ -14,7 +14,7 @@ import torch
 import fa4
 from fa4 import _native
 from fa4.testing import lse_error, naive_attention, rel_error
-from fa4_kernels import catalog
+from fa4_kernels import catalog, heuristics
 
 from ..conftest import requires_hopper
 from .test_fwd_gpu import poison_allocator, sdpa_math_error
@@ -195,6 +195,27 @@ def test_kv_cache_calls_run_their_masks_twin(case):
     run(2, sq, 8, 2, 128, 128, [300, 1111], sq, 64, 1280, **options)
     name = _native.last_launch("fwd")["name"]
     assert f"_d128x128_{kernel_mask}_" in name, name
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 64])
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (256, 256)])
+@pytest.mark.parametrize("seqlen_new", [1, 2, 16, 17])
+def test_append_twin(page_size, dims, seqlen_new):
+    """One-token decoding with rows to append runs the append twin (catalog.VariantKey.kv_append):
+    appended rows inside the tile's first K/V block are copied into its loaded stages, rows that
+    straddle two blocks or more than kv_cache.PATCHED_ROWS of them go through the producer's wait.
+    run() fills every appended slot with NaN before the call, so a row the patch missed is seen."""
+    d, dv = dims
+    twin = catalog.VariantKey("sm_90a", "bf16", d, dv, "none", False, kv_cache=True, kv_append=True)
+    assert twin in catalog.all_variants(), f"{twin.name} is not a catalog variant"
+    if twin.name not in _native.variant_index():
+        pytest.skip(f"{twin.name} is not in this build")
+    tile_n = heuristics.kernel_config(twin).tile_n
+    # The last key ends a block's first rows, the block's last row, the cache's first block.
+    lengths = [tile_n - 2, 3 * tile_n - 1, 0, 5]
+    run(4, 1, 16, 4, d, dv, lengths, seqlen_new, page_size, 4 * tile_n)
+    assert _native.last_launch("fwd")["name"] == twin.name
+    run(4, 1, 16, 4, d, dv, lengths, seqlen_new, page_size, 4 * tile_n, num_splits=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -43,7 +43,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4_kernels.block_info import BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
 from fa4_kernels.catalog import ALIBI_MMA_COLS, ALIBI_SLOPE_TERMS
-from fa4_kernels.kv_cache import CHUNK_ROWS, FEW_HEAD_ROWS, PagedKV
+from fa4_kernels.kv_cache import CHUNK_ROWS, FEW_HEAD_ROWS, PagedKV, patch_rows, waits_for_append
 from fa4_kernels.hopper_mma import (
     always_one_after,
     new_accumulator,
@@ -126,6 +126,7 @@ class FlashAttentionForwardSm90:
         block_sparse: bool = False,
         score_mod: str = "none",
         kv_cache: bool = False,
+        patch_appends: bool = False,
         exp2_fma: int = 0,
         stamps: str = "",
         trace: bool = False,
@@ -159,6 +160,10 @@ class FlashAttentionForwardSm90:
         self.kv_cache = kv_cache
         assert not (kv_cache and (is_varlen or block_sparse)), "a KV cache's sequences come from its page table"
         assert not kv_cache or (tile_n % CHUNK_ROWS == 0 and tile_m == ROWS_PER_WG), "KV cache: one consumer warpgroup"
+        # The append twin (kv_cache.py): a few appended rows in a tile's first block are copied
+        # into its loaded K/V stages by the consumers instead of the producer waiting for them.
+        self.patch_appends = patch_appends
+        assert not patch_appends or kv_cache, "patched appends: KV-cache kernels"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -759,7 +764,9 @@ class FlashAttentionForwardSm90:
                 copy_v = lambda n_block, state: paged.load_block(  # noqa: E731
                     tma_atom_V, mV, head_idx_kv, sV[None, None, state.index], n_block, self.head_dim_v,
                     pipeline_v.producer_get_barrier(state))
-                if seqlen_new > 0:  # the consumers' appended rows are in the cache (and fenced)
+                # The consumers' appended rows are in the cache (and fenced), unless the append
+                # twin's consumers patch them into the first block's stages (kv_cache.py).
+                if waits_for_append(seqlen_new, seq.seqlen_k, block_at(0), self.tile_n, self.patch_appends) != 0:
                     cute.arch.barrier(barrier_id=int(FwdBarrier.KV_APPEND),
                                       number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE)
             else:
@@ -996,22 +1003,28 @@ class FlashAttentionForwardSm90:
                                                             kv_lo, kv_hi, bound)
             if const_expr(self.trace):
                 tracer.blocks(trace_slot, n_block_min, n_block_max)
+            patched = Int32(0)  # the append twin: 1 where the appended rows go into the first block's stages
             if const_expr(self.kv_cache):
                 mPageTable, page_size, mKCache, mVCache, mKNew, mVNew = kv_cache
                 seqlen_new = seqlens[4]
                 if seqlen_new > 0:
-                    # The appended rows of this tile's K/V blocks into the cache before the producer
-                    # loads them (kv_cache.py); it waits on KV_APPEND.
+                    # The appended rows of this tile's K/V blocks into the cache; where the producer
+                    # waits for them (KV_APPEND) before its loads, fenced first (kv_cache.py).
                     paged = PagedKV(mPageTable, page_size, batch_idx, seq.seqlen_k, self.tile_n)
-                    head_kv = head_idx * pack_gqa // (cute.size(mO.shape[2]) // cute.size(mKCache.shape[2]))
+                    head_kv = self.cache_head(head_idx, pack_gqa, mO, mKCache)
                     first_row, end_row = n_block_min * self.tile_n, n_block_max * self.tile_n
                     paged.append(mKNew, mKCache, head_kv, seqlen_new, first_row, end_row, self.head_dim, self.dtype,
                                  tidx, self.num_mma_threads)
                     paged.append(mVNew, mVCache, head_kv, seqlen_new, first_row, end_row, self.head_dim_v,
                                  self.dtype, tidx, self.num_mma_threads)
-                    fence_proxy_async_global()
-                    cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.KV_APPEND),
-                                             number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE)
+                    if waits_for_append(seqlen_new, seq.seqlen_k, n_block_max - 1, self.tile_n,
+                                        self.patch_appends) != 0:
+                        fence_proxy_async_global()
+                        cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.KV_APPEND),
+                                                 number_of_threads=self.num_mma_threads + cute.arch.WARP_SIZE)
+                    elif const_expr(self.patch_appends):
+                        if n_block_max * self.tile_n > seq.seqlen_k - seqlen_new:
+                            patched = Int32(1)
             bias_at = None
             if const_expr(self.score_mod != "none"):
                 # The score_mod's bias at step n_block (the pseudo-index above) of the visiting order:
@@ -1073,6 +1086,13 @@ class FlashAttentionForwardSm90:
             if const_expr(bias_at is not None):
                 first_key = bias_at[0](n_block_max - 1)
             pipeline_k.consumer_wait(kv_state)
+            if const_expr(self.patch_appends):
+                if patched != 0:  # the appended rows into the loaded K (kv_cache.patch_rows)
+                    patch_rows(sK[None, None, kv_state.index], mKNew, self.cache_head(head_idx, pack_gqa, mO, mKCache),
+                               batch_idx, seqlen_new, seq.seqlen_k, n_block_max - 1, self.tile_n, self.head_dim,
+                               self.dtype, tidx, self.num_mma_threads)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=int(FwdBarrier.KV_STALE_ROWS), number_of_threads=THREADS_PER_WG)
             self.scheduler_wait()
             acc_S = new_accumulator(wg_mma_qk, (self.tile_m, self.tile_n))
             wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], False, -1, qk_more)
@@ -1129,8 +1149,11 @@ class FlashAttentionForwardSm90:
                 # The tile's first block (its last K/V block) may end inside a 16-row page box
                 # whose rows past the sequence come from the cache as they are: zero them in V.
                 first_block_index = n_block_max - 1
+                patch_v = None
+                if const_expr(self.patch_appends):
+                    patch_v = (patched, mVNew, self.cache_head(head_idx, pack_gqa, mO, mKCache), batch_idx, seqlens[4])
                 before_first_pv = lambda v_state: self.clear_stale_v_rows(  # noqa: E731
-                    sV, v_state.index, seq.seqlen_k, first_block_index, tidx)
+                    sV, v_state.index, seq.seqlen_k, first_block_index, tidx, patch_v)
             step = lambda kv_state, n_block, mask_right, mask_left, bits_of=None: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
@@ -1604,17 +1627,29 @@ class FlashAttentionForwardSm90:
         return block_info.n_block_max_of_rows(rows.first_row + rows_end, seq.seqlen_q, seq.seqlen_k, n_block_min,
                                               n_block_max)
 
+    def cache_head(self, head_idx: Int32, pack_gqa: Int32, mO: cute.Tensor, mKCache: cute.Tensor) -> Int32:
+        """KV cache: the K/V head of a tile whose query heads start at head_idx * pack_gqa."""
+        return head_idx * pack_gqa // (cute.size(mO.shape[2]) // cute.size(mKCache.shape[2]))
+
     @cute.jit
-    def clear_stale_v_rows(self, sV: cute.Tensor, stage: Int32, seqlen_k: Int32, n_block: Int32, tidx: Int32):
+    def clear_stale_v_rows(self, sV: cute.Tensor, stage: Int32, seqlen_k: Int32, n_block: Int32, tidx: Int32,
+                           patch=None):
         """KV cache: zero the rows of V block n_block (in stage ``stage``) past the sequence's
         end inside its last 16-row page box, which the TMA loaded from the cache as they are
         (kv_cache.py: boxes wholly past the end arrive as zeros). Their probabilities are 0, but
-        0 * inf or NaN in a stale slot would be NaN. Then fence the writes for the P @ V and sync
-        the warpgroup (the only consumer one: kv_cache variants have one)."""
+        0 * inf or NaN in a stale slot would be NaN. The append twin's ``patch`` (patched,
+        mVNew, head_kv, batch_idx, seqlen_new): where ``patched``, copy the appended rows of
+        mVNew into the block first (kv_cache.patch_rows). Then fence the writes for the P @ V
+        and sync the warpgroup (the only consumer one: kv_cache variants have one)."""
         first = seqlen_k - n_block * self.tile_n
         boxed = cute.ceil_div(seqlen_k, CHUNK_ROWS) * CHUNK_ROWS - n_block * self.tile_n
         rows = cutlass.max(cutlass.min(boxed, self.tile_n) - cutlass.max(first, 0), 0)
         sV_stage = sV[None, None, stage]
+        if const_expr(patch is not None):
+            patched, mVNew, head_kv, batch_idx, seqlen_new = patch
+            if patched != 0:
+                patch_rows(sV_stage, mVNew, head_kv, batch_idx, seqlen_new, seqlen_k, n_block, self.tile_n,
+                           self.head_dim_v, self.dtype, tidx, self.num_mma_threads)
         for i in cutlass.range(tidx, rows * self.head_dim_v, THREADS_PER_WG, unroll=1):
             sV_stage[first + i // self.head_dim_v, i % self.head_dim_v] = self.dtype(0.0)
         cute.arch.fence_proxy("async.shared", space="cta")
