@@ -640,7 +640,8 @@ struct ScoreMod {
 // A KV-cache call (fa4_fwd's kv_cache variants): the cache as pages, cache_seqlens, the rows to
 // append (k/v themselves as placeholders when there are none).
 struct KvCache {
-  Tensor page_table;     // (batch, max_pages) int32, rows contiguous
+  Tensor page_table;     // (batch, max_pages) int32, rows contiguous; a contiguous cache's (batch,) rows
+  int64_t max_pages = 0;  // page_table's columns (1: a contiguous cache, its rows read as (batch, 1))
   Tensor cache_seqlens;  // (batch,) int32
   Tensor k_new, v_new;   // (batch, seqlen_new, heads_kv, dim)
   int64_t seqlen_new = 0, page_size = 0, capacity = 0;
@@ -905,6 +906,7 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   if (cache) {
     used_k = view_of(cache->cache_seqlens);
     pages = view_of(cache->page_table);
+    if (pages.rank == 1) pages.rank = 2, pages.shape[1] = 1, pages.stride[1] = 1;  // (batch,) as (batch, 1)
     k_new = view_of(cache->k_new), v_new = view_of(cache->v_new);
   }
   phases.mark("workspace");
@@ -1087,6 +1089,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
               shape_text(t));
     FA4_VALUE(fa4_kv_page_size(cache.page_size, t.size(1)) == 0, fa4_rules_error());
     cache.page_table = t.is_contiguous() ? t : torch::stable::contiguous(t);
+    cache.max_pages = t.size(1);
   } else {
     FA4_VALUE(cache_batch_idx.has_value(), "give cache_batch_idx (contiguous cache) or page_table (paged cache)");
     const Tensor &t = *cache_batch_idx;
@@ -1094,10 +1097,11 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
     FA4_VALUE(t.dim() == 1 && t.size(0) == b, "cache_batch_idx must hold one cache row per batch row (", b,
               "); got ", shape_text(t));
     FA4_VALUE(fa4_kv_page_size(cache.page_size, -1) == 0, fa4_rules_error());
-    Tensor column = t.is_contiguous() ? t : torch::stable::contiguous(t);
-    cache.page_table = torch::stable::view(column, {b, 1});
+    // One page per sequence; read as (batch, 1) at the launch (a view here cost a dispatcher call).
+    cache.page_table = t.is_contiguous() ? t : torch::stable::contiguous(t);
+    cache.max_pages = 1;
   }
-  cache.capacity = cache.page_table.size(1) * cache.page_size;
+  cache.capacity = cache.max_pages * cache.page_size;
   cache.cache_seqlens = cache_seqlens.is_contiguous() ? cache_seqlens : torch::stable::contiguous(cache_seqlens);
   fa4_mask mask = resolve_mask(causal, window_left, window_right);
   phases.mark("checks");

@@ -1,8 +1,11 @@
 """Where fa4's host time per call goes (diagnostics for issue 24's host path): CPU time per call
 of the layers between ``fa4.attention`` and the native operator, beside SDPA-cuDNN, then a
-Python profile and a torch-profiler op table of forward + backward steps.
+Python profile and a torch-profiler op table of forward + backward steps. ``--kvcache``: one
+decoding token against a short KV cache instead (issue 26's eager rows), contiguous and paged,
+with and without an appended token, through ``fa4.attention_with_kvcache`` and the operator.
 
     python3 scripts/host_breakdown.py [--head-dim 64] [--calls 300] [--causal]
+    python3 scripts/host_breakdown.py --kvcache [--calls 300]
 """
 import argparse
 import cProfile
@@ -13,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
-from fa4.bench_host import per_call_us
+from fa4.bench_host import measure, per_call_us
 
 
 def print_phases(fn, calls: int) -> None:
@@ -47,6 +50,39 @@ def print_phases(fn, calls: int) -> None:
               f"in cudaLaunchKernelEx")
 
 
+def kvcache(calls: int) -> None:
+    """Host us per decoding call (bf16 hd128, 32 / 8 heads, 256 cached keys: the GPU keeps up),
+    then the native phases of each (a diagnostics build)."""
+    b, n, hq, hkv, d, page = 1, 256, 32, 8, 128, 64
+    make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q, new = make(b, 1, hq, d), make(b, 1, hkv, d)
+    k, v = make(b, n + 64, hkv, d), make(b, n + 64, hkv, d)
+    kp, vp = make(b * (n // page + 1), page, hkv, d), make(b * (n // page + 1), page, hkv, d)
+    table = torch.arange(b * (n // page + 1), dtype=torch.int32, device="cuda").reshape(b, -1)
+    lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+    index = torch.arange(b, dtype=torch.int32, device="cuda")
+    op = torch.ops.fa4.fwd_kvcache.default
+    scale = d ** -0.5
+    fns = {
+        "contiguous": lambda: fa4.attention_with_kvcache(q, k, v, lens),
+        "contiguous + append": lambda: fa4.attention_with_kvcache(q, k, v, lens, k_new=new, v_new=new),
+        "paged 64": lambda: fa4.attention_with_kvcache(q, kp, vp, lens, page_table=table),
+        "paged 64 + append": lambda: fa4.attention_with_kvcache(q, kp, vp, lens, k_new=new, v_new=new,
+                                                                page_table=table),
+        "op, contiguous": lambda: op(q, k, v, lens, None, None, None, index, scale, True, -1, -1, 0.0, None, 0),
+        "op, contiguous + append": lambda: op(q, k, v, lens, new, new, None, index, scale, True, -1, -1, 0.0, None,
+                                              0),
+        "op, paged 64": lambda: op(q, kp, vp, lens, None, None, table, None, scale, True, -1, -1, 0.0, None, 0),
+    }
+    us = measure({name: (fn, None) for name, fn in fns.items()}, calls)
+    print(f"host us per decoding call (median of 5 rounds of {calls}), bf16 hd128, {hq}/{hkv} heads, {n} keys")
+    for name, value in us.items():
+        print(f"  {name:32s} {value:8.2f}")
+    for name, fn in fns.items():
+        print(f"{name}:")
+        print_phases(fn, calls)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--head-dim", type=int, default=64)
@@ -54,7 +90,10 @@ def main():
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--kvcache", action="store_true")
     args = p.parse_args()
+    if args.kvcache:
+        return kvcache(args.calls)
     d, causal = args.head_dim, args.causal
     make = lambda grad=False: torch.randn(1, args.tokens, args.heads, d, device="cuda", dtype=torch.bfloat16,  # noqa: E731
                                           requires_grad=grad)

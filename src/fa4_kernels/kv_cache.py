@@ -25,9 +25,9 @@ split pieces), so no tile waits for another (FlashAttention-3 appends the same w
 hopper/flash_fwd_kernel_sm90.h).
 
 The append twin (catalog.VariantKey.kv_append: the unmasked twin again, run by calls with rows to
-append) shortens that wait: a decoding or verification step appends at most PATCHED_ROWS rows,
-all in the sequence's last block, which is a tile's first visited block. There its producer loads
-that block without waiting (the appended slots may arrive old or new), and the consumers copy the
+append) shortens that wait. A decoding step appends a row or a few, all in the sequence's last
+block, which is a tile's first visited block: where that holds for at most PATCHED_ROWS rows, the
+twin's producer loads that block without waiting (the appended slots may arrive old or new), and the consumers copy the
 appended rows into the loaded K and V stages themselves (``patch_rows``) before the block's GEMMs
 (``waits_for_append`` decides, alike in the producer and the consumers). Only the twin carries
 that code: in every kernel it grew the image by ~300-400 instructions (hd128), which a decoding
