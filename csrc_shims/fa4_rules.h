@@ -42,8 +42,9 @@ double fa4_tile_fill(int64_t rows, int64_t tile_m);
 int32_t fa4_tile_family(int64_t seqlen_q, int64_t seqlen_k, int32_t packed, int32_t tile_m, int32_t short_tile_m,
                         int32_t long_tile_m, int32_t override, int32_t mask_kind);
 /* The rows a packed query head's share of a tile is a multiple of in the kernels that load Q in
- * 8-row pieces of one head each (src/fa4_kernels/sm90/fwd.py); the KV-cache kernels' pieces span
- * heads (fa4_kv_cache_head_rows). */
+ * pieces of one head each (src/fa4_kernels/sm90/fwd.py); the KV-cache kernels' pieces span heads
+ * (fa4_kv_cache_head_rows). The kernels' fa4_kernels.block_info.Q_PIECE_ROWS: the generated
+ * variant table asserts that the two agree. */
 #define FA4_Q_PIECE_ROWS 8
 int32_t fa4_q_piece_rows(void); /* FA4_Q_PIECE_ROWS, for fa4.heuristics */
 /* Query heads stacked in one tile (1: none) into *factor; head_rows: the rows a packed head's

@@ -602,6 +602,9 @@ def generate_table(keys) -> str:
     out.append(f"const int32_t fa4_kv_cache_twin_masks = {twins};")
     from fa4_kernels.kv_cache import FEW_HEAD_ROWS  # the DSL's module: imported when used
     out.append(f"const int32_t fa4_kv_cache_head_rows = {min(FEW_HEAD_ROWS)};")
+    from fa4_kernels.block_info import Q_PIECE_ROWS  # the DSL's module: imported when used
+    out.append(f"_Static_assert(FA4_Q_PIECE_ROWS == {Q_PIECE_ROWS}, \"fa4_rules.h's FA4_Q_PIECE_ROWS is not "
+               f"the kernels' block_info.Q_PIECE_ROWS\");")
     bwd_causal = "causal" if "causal" in catalog.BWD_MASKS else "local"
     out.append(f"const int32_t fa4_bwd_causal_mask = {MASK_CODES[bwd_causal]};")
     out += trace_layout_c()

@@ -140,6 +140,13 @@ class BlockInfo:
         return cutlass.max(cutlass.max(rows_end, 0) // self.block_rows, m_block_min)
 
 
+# Pack-GQA tiles load Q in pieces of this many rows, each of one head (sm90/fwd.py; the KV-cache
+# kernels' pieces may span heads: kv_cache.FEW_HEAD_ROWS), so a packed head's share of a tile is a
+# multiple of it. The native rules' FA4_Q_PIECE_ROWS (fa4_rules.h) is the same number: the
+# generated variant table asserts it (aot.generate_table), tests/fa4_kernels/test_block_info.py too.
+Q_PIECE_ROWS = 8
+
+
 @dataclass(frozen=True)
 class TileRows:
     """Which query head and sequence row each row of a query tile holds.
@@ -201,7 +208,7 @@ def row_shift(tile_m: cutlass.Constexpr[int], pack_gqa: Int32, seqlen_q: Int32,
     start shift = (-seqlen_q) mod tile_m rows above row 0 (the tile count is unchanged). hd64's
     192-row tiles at seqlen 1024 do a sixth less work. K/V block ranges then see a sequence of
     seqlen_q + shift rows, which keeps their bottom-right alignment. Not with pack-GQA, whose
-    8-row Q pieces need aligned rows.
+    Q pieces (Q_PIECE_ROWS rows) need aligned rows.
     """
     shift = Int32(0)
     if const_expr(partial_tile_first):

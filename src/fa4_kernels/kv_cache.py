@@ -44,8 +44,8 @@ from cutlass.cute.nvgpu import cpasync
 from fa4_kernels.ptx import prefetch_l1
 
 CHUNK_ROWS = 16  # rows per TMA box; page sizes are multiples of it
-# Rows of one packed query head in a KV-cache tile below the 8 of a Q piece (sm90/fwd.py): a piece
-# then holds these rows of each of 8 / rows heads, so a 64-row tile stacks up to 64 heads (one
+# Rows of one packed query head in a KV-cache tile below the 8 of a Q piece (block_info.Q_PIECE_ROWS):
+# a piece then holds these rows of each of 8 / rows heads, so a 64-row tile stacks up to 64 heads (one
 # decoding token of an MQA group). fa4_rules.c takes the fewest (fa4_kv_cache_head_rows).
 FEW_HEAD_ROWS = (4, 2, 1)
 VECTOR_BYTES = 16  # one append copy per lane and step

@@ -106,6 +106,7 @@ def test_generated_table_fills_every_dynamic_field(tmp_path: Path):
     assert "fa4_kv_cache_mask = FA4_MASK_LOCAL;" in c  # catalog.KV_CACHE_MASKS, the native lookup's
     assert "fa4_kv_cache_twin_masks = (1 << FA4_MASK_NONE);" in c  # catalog.KV_CACHE_TWIN_MASKS
     assert "fa4_bwd_causal_mask = FA4_MASK_LOCAL;" in c  # catalog.BWD_MASKS
+    assert "_Static_assert(FA4_Q_PIECE_ROWS == 8," in c  # block_info.Q_PIECE_ROWS, checked at the link
 
 
 def test_generated_table_marks_the_kv_cache_kernels(tmp_path: Path):

@@ -2,7 +2,8 @@
 The kernels call the same methods with DSL integers; here they run on Python ints."""
 import random
 
-from fa4_kernels.block_info import BlockInfo, head_of_row, partial_tile_shift, row_in_head
+from fa4_kernels.block_info import Q_PIECE_ROWS, BlockInfo, head_of_row, partial_tile_shift, row_in_head
+from fa4_kernels.kv_cache import FEW_HEAD_ROWS
 
 INF = 1 << 30
 
@@ -107,3 +108,13 @@ def test_deterministic_dq_order_counts_the_k_v_blocks_that_visit_a_query_block()
                 assert int(info.first_n_block_of(sq, sk, m)) == visitors[0], (sq, sk, mask, left, right, m)
                 if mask != "none":  # masked kernels order the blocks from the last one down
                     assert int(info.last_n_block_of(sq, sk, m)) == visitors[-1], (sq, sk, mask, left, right, m)
+
+
+def test_q_piece_rows_agree_with_the_native_rules():
+    """The kernels' Q piece (block_info.Q_PIECE_ROWS) is the rows the native pack-GQA rules make a
+    packed head's share a multiple of (FA4_Q_PIECE_ROWS, through fa4.heuristics), and the KV-cache
+    kernels' fewer rows per head divide it (a piece holds whole heads' rows)."""
+    from fa4 import heuristics
+
+    assert heuristics.rules().fa4_q_piece_rows() == Q_PIECE_ROWS
+    assert all(r < Q_PIECE_ROWS and Q_PIECE_ROWS % r == 0 for r in FEW_HEAD_ROWS)

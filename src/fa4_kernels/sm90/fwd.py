@@ -41,7 +41,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4_kernels.block_info import BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
+from fa4_kernels.block_info import Q_PIECE_ROWS, BlockInfo, SparseBlocks, TileRows, block_rows, row_shift
 from fa4_kernels.catalog import ALIBI_MMA_COLS, ALIBI_SLOPE_TERMS
 from fa4_kernels.kv_cache import CHUNK_ROWS, FEW_HEAD_ROWS, PagedKV, patch_rows, waits_for_append
 from fa4_kernels.hopper_mma import (
@@ -398,25 +398,27 @@ class FlashAttentionForwardSm90:
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
         )
-        # Pack-GQA loads Q in 8-row pieces (one head's rows each) into the same buffer: an
-        # 8-row slice of sQ's layout (rows are the fastest mode of its swizzle atoms, so the
-        # slices are 1 KB apart and keep the swizzle phase).
-        sQ_rows8 = cute.composition(sQ_layout, cute.make_layout((8, self.head_dim), stride=(1, self.tile_m)))
-        tma_atom_Qc, tma_Qc = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_rows8, (8, self.head_dim))
-        # KV cache: a head may take fewer than 8 rows of the tile (kv_cache.FEW_HEAD_ROWS), and a
-        # piece then holds `rows` rows of each of 8 / rows heads: a (rows, heads, dim) box over
+        # Pack-GQA loads Q in pieces of Q_PIECE_ROWS rows (one head's rows each) into the same
+        # buffer: a piece-high slice of sQ's layout (rows are the fastest mode of its swizzle atoms,
+        # so the slices are 1 KB apart and keep the swizzle phase).
+        piece = Q_PIECE_ROWS
+        sQ_piece = cute.composition(sQ_layout, cute.make_layout((piece, self.head_dim), stride=(1, self.tile_m)))
+        tma_atom_Qc, tma_Qc = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_piece, (piece, self.head_dim))
+        # KV cache: a head may take fewer rows of the tile (kv_cache.FEW_HEAD_ROWS), and a piece
+        # then holds `rows` rows of each of Q_PIECE_ROWS / rows heads: a (rows, heads, dim) box over
         # the (seqlen, head, dim) view of Q, whose rows land head by head as TileRows maps them.
-        # One atom per such row count (the other kernels pass the 8-row one in their place).
+        # One atom per such row count (the other kernels pass the one-head atom in their place).
         tma_Qh = [(tma_atom_Qc, tma_Qc)] * len(FEW_HEAD_ROWS)
         if const_expr(self.kv_cache):
             mQ_heads = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[0, 2, 1, 3]))
+            piece_of_heads = lambda r: cute.make_layout((r, piece // r, self.head_dim),  # noqa: E731
+                                                        stride=(1, r, self.tile_m))
             tma_Qh = [cpasync.make_tiled_tma_atom(
-                tma_load, mQ_heads,
-                cute.composition(sQ_layout, cute.make_layout((r, 8 // r, self.head_dim), stride=(1, r, self.tile_m))),
-                (r, 8 // r, self.head_dim)) for r in FEW_HEAD_ROWS]
+                tma_load, mQ_heads, cute.composition(sQ_layout, piece_of_heads(r)),
+                (r, piece // r, self.head_dim)) for r in FEW_HEAD_ROWS]
         if const_expr(self.kv_cache):
             # One CHUNK_ROWS-row box per page piece (kv_cache.PagedKV.load_block): a row slice of
-            # a stage, as for Q's 8-row pieces.
+            # a stage, as for Q's pieces.
             box = lambda layout, dim: cute.composition(  # noqa: E731
                 cute.select(layout, mode=[0, 1]), cute.make_layout((CHUNK_ROWS, dim), stride=(1, self.tile_n)))
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, box(sK_layout, self.head_dim),
@@ -675,18 +677,19 @@ class FlashAttentionForwardSm90:
     @cute.jit
     def load_q_across_heads(self, mQh: cute.Tensor, atom: cute.CopyAtom, r: int, sQ: cute.Tensor, rows: TileRows,
                             batch_idx: Int32, mbar: cute.Pointer):
-        """A KV-cache tile's Q when each packed head has r < 8 of its rows: per 8-row piece one
-        (r, 8 / r, dim) box of the (seqlen, head, dim, batch) TMA view ``mQh``, rows r apart per
+        """A KV-cache tile's Q when each packed head has r < Q_PIECE_ROWS of its rows: per piece one
+        (r, Q_PIECE_ROWS / r, dim) box of the (seqlen, head, dim, batch) TMA view ``mQh``, rows r apart per
         head as TileRows maps them (kv_cache.FEW_HEAD_ROWS). A loop, not unrolled: a decoding
         CTA runs one of these paths once, and their code is fetched through instruction-cache
         misses (docs/perf_notes.md, session 57)."""
-        heads = 8 // r
-        for c in cutlass.range(self.tile_m // 8, unroll=1):
+        piece = Q_PIECE_ROWS
+        heads = piece // r
+        for c in cutlass.range(self.tile_m // piece, unroll=1):
             gQh = cute.local_tile(mQh[None, None, None, batch_idx], (r, heads, self.head_dim),
-                                  (rows.row(c * 8) // r, rows.head(c * 8) // heads, 0))
-            sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
+                                  (rows.row(c * piece) // r, rows.head(c * piece) // heads, 0))
+            sQc = cute.local_tile(sQ, (piece, self.head_dim), (c, 0))
             sQh = cute.make_tensor(sQc.iterator, cute.composition(
-                sQc.layout, cute.make_layout((r, heads, self.head_dim), stride=(1, r, 8))))
+                sQc.layout, cute.make_layout((r, heads, self.head_dim), stride=(1, r, piece))))
             tQsQh, tQgQh = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sQh, 0, 3),
                                                  cute.group_modes(gQh, 0, 3))
             cute.copy(atom, tQgQh, tQsQh, tma_bar_ptr=mbar)
@@ -802,9 +805,9 @@ class FlashAttentionForwardSm90:
                 cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             else:
                 mbar_q = pipeline_q.producer_get_barrier(q_state)
-                few_rows = False  # KV cache: each head has fewer than 8 rows of the tile
+                few_rows = False  # KV cache: each head has fewer rows of the tile than a piece
                 if const_expr(self.kv_cache):
-                    few_rows = rows.block_rows < 8
+                    few_rows = rows.block_rows < Q_PIECE_ROWS
                 if few_rows:
                     (mQh4, atom4), (mQh2, atom2), (mQh1, atom1) = q_heads
                     if rows.block_rows == FEW_HEAD_ROWS[0]:
@@ -814,13 +817,14 @@ class FlashAttentionForwardSm90:
                     else:
                         self.load_q_across_heads(mQh1, atom1, FEW_HEAD_ROWS[2], sQ, rows, batch_idx, mbar_q)
                 else:
-                    # One 8-row TMA load per piece of one head's rows (TileRows: which head and rows).
-                    for c in cutlass.range_constexpr(self.tile_m // 8):
+                    # One TMA load per piece of one head's rows (TileRows: which head and rows).
+                    piece = Q_PIECE_ROWS
+                    for c in cutlass.range_constexpr(self.tile_m // piece):
                         gQc = cute.local_tile(
-                            self.tile_view(mQc, rows.head(c * 8), batch_idx, seq.offset_q),
-                            (8, self.head_dim), (rows.row(c * 8) // 8, 0),
+                            self.tile_view(mQc, rows.head(c * piece), batch_idx, seq.offset_q),
+                            (piece, self.head_dim), (rows.row(c * piece) // piece, 0),
                         )
-                        sQc = cute.local_tile(sQ, (8, self.head_dim), (c, 0))
+                        sQc = cute.local_tile(sQ, (piece, self.head_dim), (c, 0))
                         tQsQc, tQgQc = cpasync.tma_partition(
                             tma_atom_Qc, 0, cute.make_layout(1), cute.group_modes(sQc, 0, 2),
                             cute.group_modes(gQc, 0, 2),
