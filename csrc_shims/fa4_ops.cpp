@@ -1108,6 +1108,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
   int device = q.get_device_index();
   Tensor out = empty({b, sq, hq, v_cache.size(3)}, dtype_code(q.scalar_type()), device);
   Tensor lse = empty({b, hq, sq}, aoti_torch_dtype_float32(), device);
+  phases.mark("outputs");
   if (b == 0 || sq == 0 || hq == 0) return {out, lse};
   run_forward(q, k_cache, v_cache, out, lse, mask, softmax_scale, softcap, pack_gqa, nullptr, phases, &cache);
   return {out, lse};
