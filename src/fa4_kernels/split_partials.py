@@ -95,6 +95,37 @@ def chunk_index(slot, first_word: int, tidx, words: int, threads: int):
     return (slot * (words // CHUNK) + first_word // CHUNK) * threads + tidx
 
 
+# The lanes whose index has bit b set, per b (as int32 bit patterns): a ballot & one of these says
+# whether a live lane has that bit.
+_LANES_WITH_BIT = tuple(m - (1 << 32) if m >= 1 << 31 else m
+                        for m in (0xAAAAAAAA, 0xCCCCCCCC, 0xF0F0F0F0, 0xFF00FF00, 0xFFFF0000))
+
+
+@cute.jit
+def helper_lanes(any_live, lane: Int32):
+    """The warp's lanes as owners and helpers for a distributed fold (``fold_chunk``): returns
+    (mask, group, log2 of groups). Lanes that agree on the bits of ``mask`` form one group per
+    owner, the lane ``lane & mask`` (one whose rows hold a query); ``group`` is this lane's index
+    among the group's ``groups`` lanes, each of which folds every groups-th piece. mask is the OR
+    of the live lanes' indices, so a decoding tile's live quads (one row a packed head, e.g. lanes
+    0-3 and 16-19 for 16 heads a tile) get the other lanes as helpers; where some ``lane & mask``
+    would not be live (live lanes in no such pattern), mask is 31: no helpers. Warp-uniform but
+    for ``group``."""
+    live_lanes = cute.arch.vote_ballot_sync(any_live)
+    mask = Int32(0)
+    for b in cutlass.range_constexpr(5):
+        if (live_lanes & Int32(_LANES_WITH_BIT[b])) != 0:
+            mask = mask | Int32(1 << b)
+    if not cute.arch.vote_all_sync(((live_lanes >> (lane & mask)) & 1) != 0):
+        mask = Int32(31)
+    group, groups_log2 = Int32(0), Int32(0)
+    for b in cutlass.range_constexpr(5):
+        if ((mask >> b) & 1) == 0:
+            group = group | (((lane >> b) & 1) << groups_log2)
+            groups_log2 = groups_log2 + 1
+    return mask, group, groups_log2
+
+
 @dataclass(frozen=True)
 class SplitPartials:
     semaphores: cute.Tensor  # int32
@@ -210,7 +241,7 @@ class SplitPartials:
 
     @cute.jit
     def fold_chunk(self, merger_cta: Int32, pieces: Int32, tidx: Int32, r: Int32, first_word: Int32,
-                   rows: cutlass.Constexpr[int], live, scale_log2: Float32):
+                   rows: cutlass.Constexpr[int], live, scale_log2: Float32, lanes=None):
         """distributed: fold words first_word .. first_word + CHUNK - 1 (a chunk of accumulator
         row ``r`` of ``rows``) of thread ``tidx``'s partial in every piece of the tile, as
         ``merge`` folds whole states. Returns (row max, the thread's row sum, the CHUNK O words)
@@ -218,7 +249,14 @@ class SplitPartials:
         nothing and returns the empty state. The pieces go in groups of PIECES_IN_FLIGHT whose loads
         are all issued before the first fold (past the last piece, the last one again, folded with
         weight 0): a loop that could exit between pieces issued each piece's loads only after the
-        previous fold, one round trip to L2 per piece."""
+        previous fold, one round trip to L2 per piece.
+
+        ``lanes``: ``helper_lanes``' (mask, group, log2 of groups), with ``tidx`` the owner's: this
+        lane folds every groups-th piece from its group's on, and the owner's helpers then combine
+        their states by butterfly shuffles over the lane bits outside mask, so every lane of the
+        group returns the owner's state (up to rounding: the pair's two lanes add the same terms,
+        maybe contracted differently; the owner's is the one stored). A 64-way split of a 16-head
+        decoding tile (a quarter of its lanes live) then takes 2 rounds of loads instead of 8."""
         row_max = cute.make_rmem_tensor((1,), Float32)
         row_sum = cute.make_rmem_tensor((1,), Float32)
         o = cute.make_rmem_tensor((1, CHUNK), Float32)
@@ -226,11 +264,17 @@ class SplitPartials:
         row_sum[0] = Float32(0.0)
         for c in cutlass.range_constexpr(CHUNK):
             o[0, c] = Float32(0.0)
-        count = pieces if live else Int32(0)
+        group, groups_log2 = Int32(0), Int32(0)
+        if const_expr(lanes is not None):
+            group, groups_log2 = lanes[1], lanes[2]
+        groups = Int32(1) << groups_log2
+        # This lane's pieces: group, group + groups, ..., the j-th of them piece group + j * groups.
+        mine = (cutlass.max(pieces - group, 0) + groups - 1) >> groups_log2
+        count = mine if live else Int32(0)
         for first in cutlass.range(0, count, PIECES_IN_FLIGHT, unroll=1):
             stats, words = [], []
             for k in cutlass.range_constexpr(PIECES_IN_FLIGHT):
-                slot = self.piece_slot(merger_cta, cutlass.min(first + k, count - 1))
+                slot = self.piece_slot(merger_cta, group + cutlass.min(first + k, count - 1) * groups)
                 stats.append(self.load_words(slot, self.words - 2 * rows, 2 * rows, tidx))
                 words.append(self.load_words(slot, first_word, CHUNK, tidx))
             for k in cutlass.range_constexpr(PIECES_IN_FLIGHT):
@@ -241,6 +285,15 @@ class SplitPartials:
                     their_sum = stats[k][rows + i] if r == i else their_sum
                 their_max = their_max if first + k < count else -Float32.inf
                 fold_row(o, row_max, row_sum, 0, scale_log2, their_max, their_sum, lambda c, k=k: words[k][c])
+        if const_expr(lanes is not None):
+            mask = lanes[0]
+            for b in cutlass.range_constexpr(5):
+                # The branch is warp-uniform (mask is): every lane reaches the shuffles.
+                if ((mask >> b) & 1) == 0:
+                    fold_row(o, row_max, row_sum, 0, scale_log2,
+                             cute.arch.shuffle_sync_bfly(row_max[0], offset=1 << b),
+                             cute.arch.shuffle_sync_bfly(row_sum[0], offset=1 << b),
+                             lambda c, b=b: cute.arch.shuffle_sync_bfly(o[0, c], offset=1 << b))
         return row_max, row_sum, o
 
     @cute.jit

@@ -59,7 +59,7 @@ from fa4_kernels.score_mod import TENSOR_KINDS, ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
-from fa4_kernels.split_partials import CHUNK, SplitPartials, distributes, partial_words_per_thread
+from fa4_kernels.split_partials import CHUNK, SplitPartials, distributes, helper_lanes, partial_words_per_thread
 from fa4_kernels.stamps import TILE_END, Stamps
 from fa4_kernels.trace import FLAG_DEALT, FLAG_DYNAMIC, FLAG_SPLIT_MERGER, FLAG_SPLIT_WRITER, TileTrace, deal_round_robin
 from fa4_kernels.tile_scheduler import (
@@ -1318,13 +1318,38 @@ class FlashAttentionForwardSm90:
         that chunk of thread tidx's partial in every piece and stores its columns, normalised as
         finish_tile does, and the row's LSE with the row's first chunk. A quad's four threads take
         the same chunk of one row: their row sums add up by shuffles. ``g`` is uniform across the
-        CTA, so every lane reaches the shuffles."""
+        CTA, so every lane reaches the shuffles.
+
+        Lanes whose rows hold no query help a live lane of their warp (their owner) fold its
+        chunks (split_partials.helper_lanes): a decoding tile of 16 packed heads has a quarter of
+        its lanes live. A warp with every lane live (or in no owner pattern) keeps the plain fold:
+        its own code path, since the helpers' code beside it cost MQA's 64 live rows 0.5 us at
+        1 x 32k (H100, session 60)."""
         # The per-thread addresses below are the same for every tile: an opaque per-tile zero keeps
         # LLVM from computing them before the tile loop and holding them across it (spilled 37
         # words beside the merger's path, as in ``epilogue``).
         tidx = tidx + loop_bound_zero(rows.first_row)
-        tOcO = self.o_coords(tiled_mma_pv, tidx)
-        live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
+        own_live = self.rows_in_sequence(tiled_mma_pv, tidx, rows, seq)
+        any_live = own_live[0]
+        for i in cutlass.range_constexpr(1, len(own_live)):
+            any_live = any_live or own_live[i]
+        lane = tidx % 32
+        lanes = helper_lanes(any_live, lane)
+        if lanes[0] == 31:
+            self.merge_items(partials, merger_cta, pieces, piece, tidx, tidx, tiled_mma_pv, mO, mLSE, batch_idx, seq,
+                             rows, scale_log2, None)
+        else:
+            self.merge_items(partials, merger_cta, pieces, piece, tidx, tidx - lane + (lane & lanes[0]), tiled_mma_pv,
+                             mO, mLSE, batch_idx, seq, rows, scale_log2, lanes)
+
+    @cute.jit
+    def merge_items(self, partials: SplitPartials, merger_cta: Int32, pieces: Int32, piece: Int32, tidx: Int32,
+                    owner: Int32, tiled_mma_pv: cute.TiledMma, mO: cute.Tensor, mLSE: cute.Tensor, batch_idx: Int32,
+                    seq: SeqlenInfo, rows: TileRows, scale_log2: Float32, lanes):
+        """merge_share's items for this thread: chunks of ``owner``'s partial words (``tidx``'s own
+        without helpers, ``lanes`` None), folded with ``lanes``' helpers; owners store."""
+        tOcO = self.o_coords(tiled_mma_pv, owner)
+        live = self.rows_in_sequence(tiled_mma_pv, owner, rows, seq)
         n_rows, n_cols = cute.size(tOcO, mode=[0]), cute.size(tOcO, mode=[1])
         chunks_per_row = n_cols // CHUNK
         pair_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
@@ -1338,13 +1363,16 @@ class FlashAttentionForwardSm90:
             row_live = live[0]
             for i in cutlass.range_constexpr(1, n_rows):
                 row_live = live[i] if r == i else row_live
-            row_max, row_sum, o = partials.fold_chunk(merger_cta, pieces, tidx, r, r * n_cols + first_col, n_rows,
-                                                      row_live, scale_log2)
+            row_max, row_sum, o = partials.fold_chunk(merger_cta, pieces, owner, r, r * n_cols + first_col, n_rows,
+                                                      row_live, scale_log2, lanes)
             softmax = OnlineSoftmax(scale_log2, row_max, row_sum)
             row_scale = softmax.finalize(softmax.row_totals())
             tile_row = tOcO[r, 0][0]
             row = rows.row(tile_row)
-            if row >= 0 and row < seq.seqlen_q:
+            is_owner = True
+            if const_expr(lanes is not None):
+                is_owner = owner == tidx
+            if row >= 0 and row < seq.seqlen_q and is_owner:
                 scaled = cute.make_rmem_tensor((CHUNK,), Float32)
                 for c in cutlass.range_constexpr(CHUNK):
                     scaled[c] = o[0, c] * row_scale[0]
