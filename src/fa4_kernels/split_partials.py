@@ -12,7 +12,8 @@ Distributed merging (FwdConfig.distributed_merge: KV-cache variants, where specu
 verification splits each of a few tiles of many rows into many pieces; ``distributes`` picks the
 launches) has no single merger. Every piece stores its partial and counts itself in at the
 tile's arrival counter; once all have, each piece folds every partial's words of its own share
-of the tile's (row, chunk) items and stores those outputs itself. One merger folding an 8-token
+of the tile's (row, chunk) items and stores those outputs itself, the lanes whose rows hold no
+query helping the live ones (``helper_lanes``). One merger folding an 8-token
 verification tile's 15 partials (32 rows each, 246 KB) took 4 us of a 15 us call: about one
 SM's share of the L2's bandwidth.
 
