@@ -3,13 +3,15 @@ one): per case, the kernel fa4 ran (variant, pack-GQA factor, split CTAs), its e
 SDPA, and the CUDA-graph and "step" us per call (fa4.bench_kvcache's graph_ms / step_ms: the
 best of 5) beside SDPA's. bf16, head_dim 128, contiguous caches filled to their length.
 
-    python3 scripts/decode_cases.py BATCHxLENGTH[xTOKENS[xHEADS_Q/HEADS_KV]][+append] ...
+    python3 scripts/decode_cases.py BATCHxLENGTH[xTOKENS[xHEADS_Q/HEADS_KV]][+append][+bhsd] ...
     python3 scripts/decode_cases.py 1x4096 1x4096x4 1x4096x1x32/2 1x32768x1x64/1
 
 TOKENS (default 1) are causal query tokens at the sequence's end (speculative verification);
 HEADS default 32/8; +append: the call appends the tokens' K/V (k_new/v_new) as the sequence's
-last ones, into the same slots each call. Add ``--no-step`` to skip the step column, ``--no-sdpa``
-to skip SDPA.
+last ones, into the same slots each call; +bhsd: the caches stored head by head, (batch, heads,
+length, dims), and passed as (batch, length, heads, dims) views (each head's rows contiguous,
+against 256-byte rows at a heads x 256-byte stride; SDPA reads the same memory). Add
+``--no-step`` to skip the step column, ``--no-sdpa`` to skip SDPA.
 """
 import sys
 
@@ -22,7 +24,7 @@ from fa4.bench_kvcache import graph_ms, step_ms
 
 
 def parse(case: str):
-    case = case.removesuffix("+append")
+    case = case.split("+")[0]
     parts = case.split("x")
     batch, length = int(parts[0]), int(parts[1])
     tokens = int(parts[2]) if len(parts) > 2 else 1
@@ -39,10 +41,14 @@ def main(argv):
     sdpa = "--no-sdpa" not in argv
     for case in (a for a in argv if not a.startswith("--")):
         batch, length, tokens, heads_q, heads_kv = parse(case)
-        append = case.endswith("+append")
+        append = "+append" in case
         gen = torch.Generator(device="cuda").manual_seed(0)
-        k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-                for _ in range(2))
+        if "+bhsd" in case:
+            k, v = (torch.randn(batch, heads_kv, length, 128, device="cuda", dtype=torch.bfloat16,
+                                generator=gen).transpose(1, 2) for _ in range(2))
+        else:
+            k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    for _ in range(2))
         q = torch.randn(batch, tokens, heads_q, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
         lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
         # The tokens are the sequence's last: causal, aligned to the bottom right.
