@@ -5,7 +5,8 @@
 # FlashAttention-3 and the benchmark times it beside fa4 (--fa3-lib).
 # Needs no DSL and no compiler on the GPU machine: fa4 is put on PYTHONPATH as a link.
 # FA4_SANITIZE=1: also compute-sanitizer racecheck/synccheck/memcheck on the sanitizer scripts
-# (FA4_SANITIZE_SCRIPTS, default scripts/sanitize_new_paths.py scripts/sanitize_backward.py).
+# (FA4_SANITIZE_SCRIPTS, default scripts/sanitize_new_paths.py scripts/sanitize_backward.py),
+# run while the tests run (the call takes the longer of the two, not their sum).
 # FA4_TESTS: the pytest selection (default: the GPU tests and the peers' checks).
 # FA4_CLOCK_PROBE=1: also SM clock and power under sustained load (scripts/clock_probe.py).
 # FA4_BENCH=0: skip the benchmark. With the flash-attn3-jax wheel in .whl (carry [".whl"]),
@@ -14,17 +15,29 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/device.txt"
 status=0
-timeout "${FA4_TEST_TIMEOUT:-300}" python3 -m pytest -q ${FA4_TESTS:-tests/gpu tests/peers tests/torch_ops/test_ops.py::test_runs_without_the_dsl_installed} -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
-if [ "${FA4_SANITIZE:-0}" = 1 ]; then
+# The sanitizers (one process after another) run beside the tests, not after them: device time
+# is scarce, and neither is timed. Their summaries print once both are done.
+sanitize() {
   for script in ${FA4_SANITIZE_SCRIPTS:-scripts/sanitize_new_paths.py scripts/sanitize_backward.py}; do
     for tool in racecheck synccheck memcheck; do
       log="$OUT/$tool-$(basename "$script" .py).log"
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 python3 "$script" > "$log" 2>&1
-      rc=$?; [ $rc = 0 ] || status=1
+      rc=$?
       # The exit status too: a script that fails before its kernels run reports a clean summary.
-      echo "$(basename "$script") $tool: $(grep -E 'SUMMARY' "$log" | tail -1) (exit $rc)"
+      echo "$(basename "$script") $tool: $(grep -E 'SUMMARY' "$log" | tail -1) (exit $rc)" >> "$OUT/sanitize.txt"
     done
   done
+}
+sanitizer_pid=""
+if [ "${FA4_SANITIZE:-0}" = 1 ]; then
+  : > "$OUT/sanitize.txt"
+  sanitize & sanitizer_pid=$!
+fi
+timeout "${FA4_TEST_TIMEOUT:-300}" python3 -m pytest -q ${FA4_TESTS:-tests/gpu tests/peers tests/torch_ops/test_ops.py::test_runs_without_the_dsl_installed} -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+if [ -n "$sanitizer_pid" ]; then
+  wait "$sanitizer_pid"
+  cat "$OUT/sanitize.txt"
+  grep -qv "(exit 0)$" "$OUT/sanitize.txt" && status=1
 fi
 fa3=""; [ -f build/peers/fa3/libfa3_peer.so ] && fa3="--fa3-lib build/peers/fa3/libfa3_peer.so"
 if [ "${FA4_BENCH:-1}" = 1 ]; then
