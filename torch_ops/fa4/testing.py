@@ -74,6 +74,23 @@ def rising_scores(batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_
     return q, k, v
 
 
+def settle_cpu_math_kernels() -> None:
+    """Call each of torch's CPU float unary math ops once, on one thread, so that no later call is
+    a process's first.
+
+    torch hands contiguous fp32/fp64 unary ops (exp, log, tanh, ...) to MKL VML, which picks each
+    function's kernel on its first call; when that first call runs on several intra-op threads at
+    once, one thread can get a low-accuracy kernel for its chunk of that one call
+    (pytorch/pytorch#188792). Here that was 1.5e-4 relative error on ~45% of the first
+    ``torch.exp`` in about one spawned process in 25: a CPU-reference attention 60x off its usual
+    fp32 error, one run in a few. A 64-element call stays on one thread."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((64,), 0.5, dtype=dtype)
+        for op in (torch.exp, torch.expm1, torch.log, torch.log1p, torch.tanh, torch.sigmoid, torch.sqrt,
+                   torch.rsqrt, torch.erf):
+            op(x)
+
+
 def run_in_process_group(worker, world_size: int, backend: str, *args) -> list:
     """``[worker(rank, world_size, *args) for each rank]``, each call in a fresh process joined in
     one default process group of ``backend`` ("nccl": rank r uses GPU r; "gloo": CPU). ``worker``
@@ -93,6 +110,7 @@ def run_in_process_group(worker, world_size: int, backend: str, *args) -> list:
 def _group_main(rank, world_size, backend, store_file, worker, args, returned):
     import torch.distributed as dist
 
+    settle_cpu_math_kernels()
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{store_file}", rank=rank, world_size=world_size,
