@@ -104,27 +104,52 @@ _LANES_WITH_BIT = tuple(m - (1 << 32) if m >= 1 << 31 else m
 
 @cute.jit
 def helper_lanes(any_live, lane: Int32):
-    """The warp's lanes as owners and helpers for a distributed fold (``fold_chunk``): returns
-    (mask, group, log2 of groups). Lanes that agree on the bits of ``mask`` form one group per
-    owner, the lane ``lane & mask`` (one whose rows hold a query); ``group`` is this lane's index
-    among the group's ``groups`` lanes, each of which folds every groups-th piece. mask is the OR
-    of the live lanes' indices, so a decoding tile's live quads (one row a packed head, e.g. lanes
-    0-3 and 16-19 for 16 heads a tile) get the other lanes as helpers; where some ``lane & mask``
-    would not be live (live lanes in no such pattern), mask is 31: no helpers. Warp-uniform but
-    for ``group``."""
+    """The warp's lanes as owners and helpers for a fold of partials (``fold_chunk``, and the
+    single merger's ``merge_with_helpers``): returns (mask, group, log2 of groups). mask is the OR
+    of the indices of the lanes whose rows hold a query (``any_live``); lanes that agree on the
+    bits outside mask form one group, which folds for the owner ``lane & mask`` (every live lane
+    is its own owner, at group 0), ``group`` being this lane's index among the ``groups`` lanes
+    that share its owner, each of which folds every groups-th piece. A decoding tile's live lanes
+    (one quad per packed head, e.g. lanes 0-3 and 16-19 for 16 heads a tile, or lanes 0-15 for
+    4) get the other lanes as helpers; an owner whose rows hold no query (live lanes 0-11: mask
+    15, owners 12-15 idle) folds nothing, nor do its helpers. mask 31 (e.g. every lane live):
+    groups of one, the plain fold. Warp-uniform but for ``group``."""
     live_lanes = cute.arch.vote_ballot_sync(any_live)
     mask = Int32(0)
     for b in cutlass.range_constexpr(5):
         if (live_lanes & Int32(_LANES_WITH_BIT[b])) != 0:
             mask = mask | Int32(1 << b)
-    if not cute.arch.vote_all_sync(((live_lanes >> (lane & mask)) & 1) != 0):
-        mask = Int32(31)
     group, groups_log2 = Int32(0), Int32(0)
     for b in cutlass.range_constexpr(5):
         if ((mask >> b) & 1) == 0:
             group = group | (((lane >> b) & 1) << groups_log2)
             groups_log2 = groups_log2 + 1
     return mask, group, groups_log2
+
+
+@cute.jit
+def combine_helpers(o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, mask: Int32,
+                    scale_log2: Float32, rows_live=None):
+    """After a fold with ``helper_lanes``' helpers: fold the states of each owner's group
+    together by butterfly shuffles over the lane bits outside ``mask``, so every lane of the group
+    holds the owner's merged state (up to rounding: the pair's two lanes add the same terms, maybe
+    contracted differently; the owner's is the one used). ``rows_live[r]``: is row r of the
+    lane's owner live (rows no lane's owner holds skip their shuffles; the branch is on the
+    warp's vote, so every lane reaches them); None: every row combines (``fold_chunk``'s one row,
+    the same for the whole CTA). mask is warp-uniform: so is each step's branch."""
+    # A run-time loop over the bits: unrolled, the single merger's (2 rows x 64 columns at hd128)
+    # grew the decoding kernel by 1k instructions, which its CTAs, running the code once, fetch.
+    for b in cutlass.range(5, unroll=1):
+        if ((mask >> b) & 1) == 0:
+            offset = Int32(1) << b
+            for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+                # Each column is shuffled where the fold reads it, before it is updated (a row's
+                # columns staged in registers first spilled hd256's KV-cache tiles).
+                if const_expr(rows_live is None) or cute.arch.vote_any_sync(rows_live[r]):
+                    fold_row(o, row_max, row_sum, r, scale_log2,
+                             cute.arch.shuffle_sync_bfly(row_max[r], offset=offset),
+                             cute.arch.shuffle_sync_bfly(row_sum[r], offset=offset),
+                             lambda c, r=r: cute.arch.shuffle_sync_bfly(o[r, c], offset=offset))
 
 
 @dataclass(frozen=True)
@@ -287,14 +312,7 @@ class SplitPartials:
                 their_max = their_max if first + k < count else -Float32.inf
                 fold_row(o, row_max, row_sum, 0, scale_log2, their_max, their_sum, lambda c, k=k: words[k][c])
         if const_expr(lanes is not None):
-            mask = lanes[0]
-            for b in cutlass.range_constexpr(5):
-                # The branch is warp-uniform (mask is): every lane reaches the shuffles.
-                if ((mask >> b) & 1) == 0:
-                    fold_row(o, row_max, row_sum, 0, scale_log2,
-                             cute.arch.shuffle_sync_bfly(row_max[0], offset=1 << b),
-                             cute.arch.shuffle_sync_bfly(row_sum[0], offset=1 << b),
-                             lambda c, b=b: cute.arch.shuffle_sync_bfly(o[0, c], offset=1 << b))
+            combine_helpers(o, row_max, row_sum, lanes[0], scale_log2)
         return row_max, row_sum, o
 
     @cute.jit
@@ -326,12 +344,12 @@ class SplitPartials:
         With ``helpers``, a warp's lanes with live rows fold with the help of its idle lanes. In a
         decoding tile only the first quad of each warp holds a query (pack-GQA puts each head's one
         row at a warp's top), and folding the 15 partials of a 16-way split one after another took
-        40% of the kernel at 1 x 4k (docs/perf_notes.md). So the live lanes' span is found
-        (``span``: the smallest power of two of lanes, at least a quad, holding every live lane of
-        the warp), each of the warp's 32 / span groups of ``span`` lanes folds every (32 / span)-th
-        partial for the owner lanes of the first group, starting from an empty state, and the
-        groups' states are folded together by shuffles, halving the lanes at each step. With every
-        lane live (most split tiles outside decoding) there is one group: the serial fold."""
+        40% of the kernel at 1 x 4k (docs/perf_notes.md). So the lanes are grouped by
+        ``helper_lanes`` (one group per live owner lane and the idle lanes that share its bits of
+        the live lanes' OR), each lane folds every groups-th partial for its owner (helpers from
+        an empty state, owners from their own), and ``combine_helpers`` folds each group's states
+        together by shuffles. With every lane live (most split tiles outside decoding) the groups
+        are single lanes: the serial fold."""
         o = rows_cols_view(acc_O)
         self.check_shape(cute.size(o, mode=[0]), cute.size(o, mode=[1]))
         if const_expr(not self.helpers):
@@ -353,16 +371,10 @@ class SplitPartials:
         any_live = live[0]
         for r in cutlass.range_constexpr(1, len(live)):
             any_live = any_live or live[r]
-        live_lanes = cute.arch.vote_ballot_sync(any_live)
-        if live_lanes != 0:
-            span, span_log2 = Int32(32), Int32(5)
-            for lanes, lanes_log2 in ((16, 4), (8, 3), (4, 2)):
-                if (live_lanes >> lanes) == 0:
-                    span, span_log2 = Int32(lanes), Int32(lanes_log2)
-            # Shifts and masks: span is a power of two (a division by it called a subroutine).
-            groups = 32 >> span_log2
-            group = lane >> span_log2
-            owner = tidx - lane + (lane & (span - 1))
+        # A warp with no live lane keeps its state (it is not stored).
+        if cute.arch.vote_any_sync(any_live):
+            mask, group, groups_log2 = helper_lanes(any_live, lane)
+            owner = tidx - lane + (lane & mask)
             owner_live = live_rows(owner)
             if group != 0:  # a helper: its own rows hold no query; it starts empty
                 for r in cutlass.range_constexpr(rows):
@@ -370,6 +382,7 @@ class SplitPartials:
                     row_sum[r] = Float32(0.0)
                     for c in cutlass.range_constexpr(cols):
                         o[r, c] = Float32(0.0)
+            groups = Int32(1) << groups_log2
             step = groups * (2 if const_expr(self.pairs) else 1)
             i = group
             while i < count:
@@ -393,18 +406,7 @@ class SplitPartials:
                         else:
                             self.fold_partial(slot, r, owner, o, row_max, row_sum, scale_log2)
                 i += step
-            offset = Int32(16)
-            while offset >= span:
-                for r in cutlass.range_constexpr(rows):
-                    # The shuffles need every lane: the branch is on the warp's vote. Each column
-                    # is shuffled where the fold reads it, before it is updated (a row's columns
-                    # staged in registers first spilled hd256's KV-cache tiles).
-                    if cute.arch.vote_any_sync(owner_live[r]):
-                        fold_row(o, row_max, row_sum, r, scale_log2,
-                                 cute.arch.shuffle_sync_down(row_max[r], offset),
-                                 cute.arch.shuffle_sync_down(row_sum[r], offset),
-                                 lambda c, r=r: cute.arch.shuffle_sync_down(o[r, c], offset))
-                offset = offset // 2
+            combine_helpers(o, row_max, row_sum, mask, scale_log2, owner_live)
 
     def fold_partial(self, slot: Int32, r: int, owner: Int32, o: cute.Tensor,
                      row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32):
