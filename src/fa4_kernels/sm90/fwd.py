@@ -1323,8 +1323,8 @@ class FlashAttentionForwardSm90:
         Lanes whose rows hold no query help a live lane of their warp (their owner) fold its
         chunks (split_partials.helper_lanes): a decoding tile of 16 packed heads has a quarter of
         its lanes live. A warp whose live lanes' OR is 31 (every lane live, say: no helpers) keeps
-        the plain fold: its own code path, since the helpers' code beside it cost MQA's 64 live rows 0.5 us at
-        1 x 32k (H100, session 60)."""
+        the plain fold: its own code path, since the helpers' code beside it cost MQA's 64 live
+        rows 0.5 us at 1 x 32k (H100, session 60)."""
         # The per-thread addresses below are the same for every tile: an opaque per-tile zero keeps
         # LLVM from computing them before the tile loop and holding them across it (spilled 37
         # words beside the merger's path, as in ``epilogue``).
