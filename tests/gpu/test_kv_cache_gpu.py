@@ -359,3 +359,29 @@ def test_flash_attn_signature():
                                            return_softmax_lse=True)
     expect, expect_lse = fa4.attention_with_kvcache(q, k_cache, v_cache, seqlens, causal=True, return_lse=True)
     assert torch.equal(out, expect) and torch.equal(lse, expect_lse)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_flash_attn_rotary_matches_the_cpu_path(interleaved):
+    """rotary_cos/rotary_sin (fa4.rotary, torch operations before the kernel) on CUDA against the
+    same call in float64 on the CPU: the keys the cache receives and the output."""
+    require_variant(torch.bfloat16, 128, 128, 0.0)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    b, hq, hkv, d, capacity, new = 2, 8, 2, 128, 256, 3
+    k_cache = torch.randn(b, capacity, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(b, new, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_new, v_new = (torch.randn(b, new, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    angles = torch.arange(capacity, device="cuda")[:, None] * 10000.0 ** (-torch.arange(32, device="cuda") / 32)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()  # rotary_dim 64 of 128
+    seqlens = torch.tensor([17, 200], dtype=torch.int32, device="cuda")
+    cpu = [t.cpu().double() for t in (q, k_cache, v_cache, k_new, v_new, cos, sin)]
+    out = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=seqlens, causal=True, rotary_interleaved=interleaved)
+    expect = fa4.flash_attn_with_kvcache(cpu[0], cpu[1], cpu[2], k=cpu[3], v=cpu[4], rotary_cos=cpu[5],
+                                         rotary_sin=cpu[6], cache_seqlens=seqlens.cpu(), causal=True,
+                                         rotary_interleaved=interleaved)
+    assert rel_error(out.cpu(), expect) < 1e-2
+    for i, n in enumerate(seqlens.tolist()):
+        # bf16 keys rotated in fp32 on both paths, stored in bf16 on CUDA.
+        torch.testing.assert_close(k_cache[i, n:n + new].double().cpu(), cpu[1][i, n:n + new], atol=2e-2, rtol=2e-2)

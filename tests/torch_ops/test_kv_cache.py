@@ -112,8 +112,8 @@ def test_argument_rules():
         call(q, k_cache, v_cache, lengths, page_table=table, num_splits=-1)
     assert torch.equal(call(q, k_cache, v_cache, lengths, page_table=table, num_splits=3),
                        call(q, k_cache, v_cache, lengths, page_table=table))  # the CPU path does not split
-    with pytest.raises(NotImplementedError, match="rotary"):
-        fa4.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(1), cache_seqlens=lengths,
+    with pytest.raises(NotImplementedError, match="cache_leftpad"):
+        fa4.flash_attn_with_kvcache(q, k_cache, v_cache, cache_leftpad=lengths, cache_seqlens=lengths,
                                     block_table=table)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import heuristics, ops, reference  # fa4.ops defines the operators
+from fa4 import heuristics, ops, reference, rotary  # fa4.ops defines the operators
 from fa4.validation import check_pack_gqa, check_qkv, check_scalars
 
 _FWD_KVCACHE = torch.ops.fa4.fwd_kvcache.default
@@ -207,17 +207,26 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
-    """FlashAttention's ``flash_attn_with_kvcache`` (its argument names and returns) on fa4."""
-    refused = {"rotary_cos": rotary_cos, "rotary_sin": rotary_sin, "cache_leftpad": cache_leftpad,
-               "alibi_slopes": alibi_slopes}
+    """FlashAttention's ``flash_attn_with_kvcache`` (its argument names and returns) on fa4.
+    ``rotary_cos``/``rotary_sin`` (seqlen_ro, rotary_dim / 2) rotate q and the new keys ``k``
+    before the call, in torch operations (fa4.rotary says at which positions and what it costs)."""
+    refused = {"cache_leftpad": cache_leftpad, "alibi_slopes": alibi_slopes}
     for name, value in refused.items():
         if value is not None:
             raise NotImplementedError(
-                f"fa4.flash_attn_with_kvcache: {name} is not supported. Apply rotary embeddings to q and k before "
-                "the call, keep sequences left-aligned in the cache, and use fa4.flex_attention with "
-                "fa4.score_mods.alibi for ALiBi.")
+                f"fa4.flash_attn_with_kvcache: {name} is not supported. Keep sequences left-aligned in the cache, "
+                "and use fa4.flex_attention with fa4.score_mods.alibi for ALiBi.")
+    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     if cache_seqlens is None:
-        cache_seqlens = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+        cache_seqlens = capacity
+    if rotary_cos is not None or rotary_sin is not None:
+        rotary.check_rotary(rotary_cos, rotary_sin, q, k, capacity)
+        # FlashAttention's rule: every query token at its own position under a causal mask or a
+        # window side that bounds anything, else all of them at cache_seqlens.
+        left, right = window_size
+        per_token = causal or 0 <= left < capacity - 1 or 0 <= right < q.shape[1] - 1
+        q, k = rotary.rotate_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, capacity, per_token,
+                                       rotary_interleaved)
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k, v_new=v,
                                   cache_batch_idx=cache_batch_idx, page_table=block_table, causal=causal,
                                   window=window_size, softcap=softcap, scale=softmax_scale, num_splits=num_splits,
