@@ -41,7 +41,7 @@ def test_apply_rotary_matches_complex_rotation(interleaved, rotary_dim):
     x = torch.randn(2, 3, 5, 16, dtype=F64, generator=gen)
     cos, sin = tables(40, rotary_dim // 2, 1)
     pos = torch.randint(0, 40, (2, 3), generator=gen)
-    got = rotary.apply_rotary(x, cos[pos], sin[pos], interleaved)
+    got = rotary.apply_rotary(x, cos[pos].float(), sin[pos].float(), interleaved)
     expect = rotated_by_complex(x, cos, sin, pos, interleaved)
     # apply_rotary computes in float32 (as FlashAttention's kernel does) and returns x's dtype.
     torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
@@ -145,4 +145,6 @@ def test_compile_rotary_without_graph_break():
     expect = step(q, k_eager, v_eager, lengths, new)
     got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k_cache, v_cache, lengths, new)
     torch.testing.assert_close(got, expect)
-    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+    # Eager mode fuses each product pair into addcmul (one rounding fewer): close, not equal.
+    torch.testing.assert_close(k_cache, k_eager)
+    assert torch.equal(v_cache, v_eager)

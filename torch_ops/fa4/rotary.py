@@ -8,8 +8,9 @@ token i too under a causal mask or a bounded window, and at ``cache_seqlens[b]``
 otherwise. The first ``rotary_dim = 2 * cos.shape[1]`` features are rotated, in pairs (2j, 2j+1)
 when interleaved, else (j, j + rotary_dim / 2) (GPT-NeoX); the rest pass through.
 
-These are torch operations (float32 arithmetic, the input's dtype out), about ten small kernels a
-tensor in eager mode, which torch.compile fuses. FlashAttention applies rotary inside its kernel;
+These are torch operations (float32 arithmetic, the input's dtype out): in eager mode 15 small
+kernels for a decoding step's q and k (positions, the tables' rows, four elementwise kernels a
+tensor), which torch.compile fuses. FlashAttention applies rotary inside its kernel;
 fa4's kernels do not, so a decoding step that cares about a few microseconds applies rotary in
 the kernel that produces q and k (the QKV projection's epilogue) and passes them unrotated here.
 """
@@ -50,28 +51,38 @@ def check_rotary(cos, sin, q: torch.Tensor, k_new, capacity: int) -> None:
 
 
 def positions(cache_seqlens, batch: int, seqlen: int, per_token: bool, limit: int, device) -> torch.Tensor:
-    """(batch, seqlen) int64 positions: cache_seqlens[b] + i, or cache_seqlens[b] for every token
+    """(batch, seqlen) int32 positions: cache_seqlens[b] + i, or cache_seqlens[b] for every token
     without ``per_token``; clamped into 0 .. limit - 1 (lengths are not checked on the host, which
     would need a sync: a bad one rotates by a wrong angle, never indexes outside the tables)."""
-    offsets = torch.arange(seqlen, device=device) if per_token else torch.zeros(seqlen, dtype=torch.int64,
-                                                                                device=device)
-    if isinstance(cache_seqlens, torch.Tensor):
-        start = cache_seqlens.to(torch.int64)[:, None]
-    else:
-        start = torch.full((batch, 1), int(cache_seqlens), dtype=torch.int64, device=device)
-    return (start + offsets).clamp_(0, limit - 1)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        start = min(max(int(cache_seqlens), 0), limit - 1)
+        return torch.arange(start, start + seqlen, dtype=torch.int32, device=device).clamp_(max=limit - 1).expand(
+            batch, seqlen) if per_token else torch.full((batch, seqlen), start, dtype=torch.int32, device=device)
+    if not per_token:
+        return cache_seqlens[:, None].clamp(0, limit - 1).expand(batch, seqlen)
+    return (cache_seqlens[:, None] + torch.arange(seqlen, dtype=torch.int32, device=device)).clamp_(0, limit - 1)
 
 
 def apply_rotary(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """x (batch, seqlen, heads, d) rotated by cos_rows/sin_rows (batch, seqlen, rotary_dim / 2),
-    the tables' rows at each token's position."""
+    """x (batch, seqlen, heads, d) rotated by cos_rows/sin_rows (batch, seqlen, rotary_dim / 2)
+    float32, the tables' rows at each token's position. Four elementwise kernels (x's dtype in,
+    float32 arithmetic by type promotion, the rounding to x's dtype in the last one), a fifth for
+    the features past rotary_dim."""
     half = cos_rows.shape[-1]
-    c, s = cos_rows.float()[:, :, None], sin_rows.float()[:, :, None]  # one angle for every head
-    part = x[..., :2 * half].float()
-    x1, x2 = (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., :half], part[..., half:])
-    y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
-    rotated = (torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)).to(x.dtype)
-    return rotated if 2 * half == x.shape[-1] else torch.cat((rotated, x[..., 2 * half:]), -1)
+    c, s = cos_rows[:, :, None], sin_rows[:, :, None]  # one angle for every head
+    x1, x2 = (x[..., 0:2 * half:2], x[..., 1:2 * half:2]) if interleaved else (x[..., :half], x[..., half:2 * half])
+    if torch.compiler.is_compiling():  # Dynamo takes no strided out=; Inductor fuses these anyway
+        y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+        y = torch.stack((y1, y2), -1).flatten(-2) if interleaved else torch.cat((y1, y2), -1)
+        return torch.cat((y.to(x.dtype), x[..., 2 * half:]), -1)
+    out = torch.empty_like(x)
+    y1, y2 = (out[..., 0:2 * half:2], out[..., 1:2 * half:2]) if interleaved else \
+        (out[..., :half], out[..., half:2 * half])
+    torch.addcmul(x1 * c, x2, s, value=-1, out=y1)
+    torch.addcmul(x2 * c, x1, s, out=y2)
+    if 2 * half < x.shape[-1]:
+        out[..., 2 * half:] = x[..., 2 * half:]
+    return out
 
 
 def rotate_for_cache(q, k_new, cos, sin, cache_seqlens, capacity: int, per_token_q: bool, interleaved: bool):
@@ -79,8 +90,8 @@ def rotate_for_cache(q, k_new, cos, sin, cache_seqlens, capacity: int, per_token
     q's positions are k_new's."""
     batch = q.shape[0]
     k_pos = positions(cache_seqlens, batch, k_new.shape[1], True, cos.shape[0], q.device)
-    q_pos = k_pos if per_token_q and q.shape[1] == k_new.shape[1] else \
-        positions(cache_seqlens, batch, q.shape[1], per_token_q, cos.shape[0], q.device)
-    k_rows = cos[k_pos], sin[k_pos]
-    q_rows = k_rows if q_pos is k_pos else (cos[q_pos], sin[q_pos])
+    same = q.shape[1] == k_new.shape[1] and (per_token_q or q.shape[1] == 1)
+    q_pos = k_pos if same else positions(cache_seqlens, batch, q.shape[1], per_token_q, cos.shape[0], q.device)
+    k_rows = cos[k_pos].float(), sin[k_pos].float()
+    q_rows = k_rows if q_pos is k_pos else (cos[q_pos].float(), sin[q_pos].float())
     return apply_rotary(q, *q_rows, interleaved), apply_rotary(k_new, *k_rows, interleaved)
