@@ -849,7 +849,8 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
     int64_t n_blocks = (sk + variant.tile_n - 1) / variant.tile_n;
     tail_ctas = cache && cache->num_splits > 0
                     ? fa4_split_ctas_for(num_tiles, dev.num_sms, n_blocks, cache->num_splits)
-                    : fa4_split_tail_ctas(num_tiles, dev.num_sms, n_blocks, (int32_t)dv, tune.split_tail);
+                    : fa4_split_tail_ctas(num_tiles, dev.num_sms, n_blocks, (int32_t)dv,
+                                          (int32_t)(std::min<int64_t>(sq, block_rows) * packed), tune.split_tail);
   }
   phases.mark("schedule");
   Tensor semaphores = unused, partials = unused;

@@ -303,8 +303,15 @@ int64_t fa4_kv_kernel_page_rows(int64_t page_size) {
 }
 
 /* ------------------------------------------------------------------------- split tail */
-/* Pieces of a split tile are at least MIN_PIECE_BLOCKS K/V blocks long. */
+/* Pieces of a split tile are at least MIN_PIECE_BLOCKS K/V blocks long, or one block where the
+ * tile holds at most FEW_LIVE_ROWS query rows, whose partials (rows x head_dim_v fp32) cost the
+ * merge little. H100, scripts/decode_splits.py (CUDA-graph us a call, bf16 hd128, two rounds
+ * within 0.1 us, session 65), two-block pieces -> one-block ones: 4 live rows (32 / 8 heads) at
+ * 1 x 2k, 64 -> 128 CTAs, 9.40-9.56 -> 8.40-8.47; 16 rows (32 / 2) at 1 x 4k, 32 -> 64 CTAs,
+ * 9.18-9.20 -> 8.09-8.14, at 1 x 8k, 64 -> 128, 9.55 -> 9.16; but 64 rows (64 / 1) at 1 x 8k,
+ * 32 -> 64 CTAs, 10.55 -> 11.48. */
 #define MIN_PIECE_BLOCKS 2
+#define FEW_LIVE_ROWS 16
 /* and a tile has at most MAX_PIECES_PER_TILE of them: the merge folds every piece's partial rows,
  * so its cost grows with the pieces of a tile while their K/V shares shrink. Measured on an H100
  * (`python -m fa4.bench --sweep --sweep-only decode`, CUDA-graph time, bf16 hd128 KV cache, one
@@ -345,11 +352,12 @@ static int32_t whole_pieces(int64_t ctas, int64_t tail, int64_t n_blocks) {
  * fa4_split_overhead_blocks. With fewer tiles than SMs (small batches, decoding) every tile is
  * split this way. override 0 never splits, 1 splits whenever pieces can outnumber the tiles. */
 int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
-                            int32_t override) {
+                            int32_t live_rows, int32_t override) {
   int64_t tail = num_tiles % num_sms; /* all of them when there are fewer tiles than SMs */
-  if (override == 0 || tail == 0 || n_blocks < MIN_PIECE_BLOCKS) return 0;
+  int64_t min_piece = live_rows <= FEW_LIVE_ROWS ? 1 : MIN_PIECE_BLOCKS;
+  if (override == 0 || tail == 0 || n_blocks < min_piece) return 0;
   int64_t units = tail * n_blocks;
-  int64_t ctas = min64(min64(num_sms, units / MIN_PIECE_BLOCKS), tail * MAX_PIECES_PER_TILE);
+  int64_t ctas = min64(min64(num_sms, units / min_piece), tail * MAX_PIECES_PER_TILE);
   if (ctas <= tail) return 0; /* no more pieces than tiles: nothing to gain */
   if (override == FA4_AUTO && ceil_div(units, ctas) + fa4_split_overhead_blocks(head_dim_v) >= n_blocks) return 0;
   return whole_pieces(ctas, tail, n_blocks);

@@ -74,7 +74,7 @@ int32_t fa4_kv_page_size(int64_t page_size, int64_t pages_per_sequence);
 /* The page size the kernel reads a paged cache of page_size rows with. */
 int64_t fa4_kv_kernel_page_rows(int64_t page_size);
 int32_t fa4_split_tail_ctas(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int32_t head_dim_v,
-                            int32_t override);
+                            int32_t live_rows, int32_t override);
 int32_t fa4_split_ctas_for(int64_t num_tiles, int32_t num_sms, int64_t n_blocks, int64_t num_splits);
 
 double fa4_mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, fa4_mask mask);

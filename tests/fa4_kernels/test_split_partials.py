@@ -65,6 +65,6 @@ def test_the_gpu_tests_distributed_shapes_merge_distributed(shape):
     pack = pack_gqa_factor(hq, hkv, sq, cfg.tile_m, head_rows=min(FEW_HEAD_ROWS))
     block_rows = cfg.tile_m // pack
     tiles = (hq // pack) * -(-sq // block_rows)
-    ctas = split_tail_ctas(tiles, 132, -(-capacity // cfg.tile_n), dv)
+    ctas = split_tail_ctas(tiles, 132, -(-capacity // cfg.tile_n), dv, min(sq, block_rows) * pack)
     assert ctas > tiles
     assert distributes(ctas, tiles, min(sq, block_rows) * pack, dv)

@@ -211,6 +211,12 @@ def test_split_tail_takes_every_sm_for_a_partial_last_round():
     assert split(131, 132, 2, override=True) == 0  # 131 two-block pieces: no more pieces than tiles
     assert split(1, 132, 256) == 64  # MQA decoding at 1 x 32k, one tile: at most 64 pieces a tile
     assert split(2, 132, 1024) == 128  # 32 / 2 heads at 1 x 128k: 64 pieces each, not 66
+    # Tiles of at most 16 live query rows (decoding's pack-GQA tiles) take one-block pieces.
+    assert split(8, 132, 16) == 64 and split(8, 132, 16, live_rows=4) == 128  # 32 / 8 heads at 1 x 2k
+    assert split(2, 132, 32, live_rows=16) == 64  # 32 / 2 at 1 x 4k: 32 pieces of one block each
+    assert split(2, 132, 64, live_rows=16) == 128  # 32 / 2 at 1 x 8k
+    assert split(1, 132, 64, live_rows=64) == 32  # 64 / 1 at 1 x 8k: 64 live rows keep two-block pieces
+    assert split(8, 132, 1, live_rows=4) == 0  # one-block tiles cannot be cut
 
 
 def test_masks_that_hide_nothing_are_dropped():

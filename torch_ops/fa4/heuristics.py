@@ -64,7 +64,7 @@ def rules() -> ctypes.CDLL:
         "fa4_heads_per_group": (i32, [i64, i64, i32, i32, i32, i64, i64, i32, i64, i32]),
         "fa4_grid_size": (i32, [i32, i32, i32]),
         "fa4_split_overhead_blocks": (i32, [i32]),
-        "fa4_split_tail_ctas": (i32, [i64, i32, i64, i32, i32]),
+        "fa4_split_tail_ctas": (i32, [i64, i32, i64, i32, i32, i32]),
         "fa4_split_ctas_for": (i32, [i64, i32, i64, i64]),
         "fa4_kv_page_size": (i32, [i64, i64]),
         "fa4_kv_kernel_page_rows": (i64, [i64]),
@@ -298,11 +298,12 @@ def split_overhead_blocks(head_dim_v: int) -> int:
     return rules().fa4_split_overhead_blocks(head_dim_v)
 
 
-def split_tail_ctas(num_tiles: int, num_sms: int, n_blocks: int, head_dim_v: int = 128,
+def split_tail_ctas(num_tiles: int, num_sms: int, n_blocks: int, head_dim_v: int = 128, live_rows: int = 128,
                     override: bool | None = None) -> int:
-    """CTAs to split the static schedule's last round of tiles over (0: no split); ``override``
-    False never splits, True splits whenever pieces can outnumber the tiles."""
-    return rules().fa4_split_tail_ctas(num_tiles, num_sms, n_blocks, head_dim_v, _tri(override))
+    """CTAs to split the static schedule's last round of tiles over (0: no split); ``live_rows``
+    the query rows a tile holds (decoding: the heads pack-GQA stacks); ``override`` False never
+    splits, True splits whenever pieces can outnumber the tiles."""
+    return rules().fa4_split_tail_ctas(num_tiles, num_sms, n_blocks, head_dim_v, live_rows, _tri(override))
 
 
 def split_ctas_for(num_tiles: int, num_sms: int, n_blocks: int, num_splits: int) -> int:
