@@ -32,6 +32,29 @@ def parse(case: str):
     return batch, length, tokens, heads_q, heads_kv
 
 
+def case_tensors(case: str):
+    """(q, k, v, lens, reference) of a case: bf16 hd128 caches filled to their length (head by head
+    with +bhsd), the query tokens the sequence's last, and SDPA's call on the same memory."""
+    batch, length, tokens, heads_q, heads_kv = parse(case)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if "+bhsd" in case:
+        k, v = (torch.randn(batch, heads_kv, length, 128, device="cuda", dtype=torch.bfloat16,
+                            generator=gen).transpose(1, 2) for _ in range(2))
+    else:
+        k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+    q = torch.randn(batch, tokens, heads_q, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    # The tokens are the sequence's last: causal, aligned to the bottom right.
+    visible = torch.ones(tokens, length, dtype=torch.bool, device="cuda").tril(length - tokens)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def reference():
+        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=None if tokens == 1 else visible,
+                                              enable_gqa=True)
+    return q, k, v, lens, reference
+
+
 def best_us(timer, fn) -> float:
     return min(timer(fn, 10) for _ in range(5)) * 1e3
 
@@ -40,20 +63,9 @@ def main(argv):
     step = "--no-step" not in argv
     sdpa = "--no-sdpa" not in argv
     for case in (a for a in argv if not a.startswith("--")):
-        batch, length, tokens, heads_q, heads_kv = parse(case)
+        _, length, tokens, _, _ = parse(case)
         append = "+append" in case
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        if "+bhsd" in case:
-            k, v = (torch.randn(batch, heads_kv, length, 128, device="cuda", dtype=torch.bfloat16,
-                                generator=gen).transpose(1, 2) for _ in range(2))
-        else:
-            k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-                    for _ in range(2))
-        q = torch.randn(batch, tokens, heads_q, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-        lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-        # The tokens are the sequence's last: causal, aligned to the bottom right.
-        visible = torch.ones(tokens, length, dtype=torch.bool, device="cuda").tril(length - tokens)
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v, lens, reference = case_tensors(case)
 
         # +append: the tokens' K/V are written into the cache's last slots by the call (the same
         # slots every call), attended to as the sequence's end.
@@ -65,9 +77,6 @@ def main(argv):
         def fa():
             return fa4.attention_with_kvcache(q, k, v, cached, k_new=k_new, v_new=v_new)
 
-        def reference():
-            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=None if tokens == 1 else visible,
-                                                  enable_gqa=True)
         out = fa()
         launch = _native.last_launch("fwd")
         err = (out.float() - reference().transpose(1, 2).float()).abs().max().item()

@@ -6,13 +6,10 @@ beside. Cases as scripts/decode_cases.py takes them (BATCHxLENGTH[xTOKENS[xHEADS
 """
 import argparse
 
-import torch
-import torch.nn.functional as F
-
 import fa4
 from fa4 import _native
 from fa4.bench_kvcache import graph_ms
-from decode_cases import best_us, parse
+from decode_cases import best_us, case_tensors
 
 
 def main():
@@ -21,18 +18,7 @@ def main():
     parser.add_argument("--splits", type=int, nargs="+", default=[0, 4, 8, 16, 24, 32, 48, 64])
     args = parser.parse_args()
     for case in args.cases:
-        batch, length, tokens, heads_q, heads_kv = parse(case)
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-                for _ in range(2))
-        q = torch.randn(batch, tokens, heads_q, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-        lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-        visible = torch.ones(tokens, length, dtype=torch.bool, device="cuda").tril(length - tokens)
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-        def reference():
-            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=None if tokens == 1 else visible,
-                                                  enable_gqa=True)
+        q, k, v, lens, reference = case_tensors(case)
         expected = reference().transpose(1, 2).float()
         cells = []
         for splits in args.splits:
