@@ -225,8 +225,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         # window side that bounds anything, else all of them at cache_seqlens.
         left, right = window_size
         per_token = causal or 0 <= left < capacity - 1 or 0 <= right < q.shape[1] - 1
-        q, k = rotary.rotate_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, capacity, per_token,
-                                       rotary_interleaved)
+        q, k = rotary.rotate_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, per_token, rotary_interleaved)
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k, v_new=v,
                                   cache_batch_idx=cache_batch_idx, page_table=block_table, causal=causal,
                                   window=window_size, softcap=softcap, scale=softmax_scale, num_splits=num_splits,

@@ -85,7 +85,7 @@ def apply_rotary(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor
     return out
 
 
-def rotate_for_cache(q, k_new, cos, sin, cache_seqlens, capacity: int, per_token_q: bool, interleaved: bool):
+def rotate_for_cache(q, k_new, cos, sin, cache_seqlens, per_token_q: bool, interleaved: bool):
     """(q, k_new) rotated at their positions (module docstring); the tables are read once when
     q's positions are k_new's."""
     batch = q.shape[0]
