@@ -33,11 +33,12 @@ from fa4_kernels.ptx import inline_asm
 COUNTER_WORD, BASE_WORD, CAPACITY_WORD, DEAL_WORD = 1, 2, 3, 4
 # The words of one record, in order. "flags": FLAG_* below.
 FIELDS = ("sm", "cta", "cursor", "m_block", "head", "batch", "n_block_min", "n_block_max", "flags",
-          "start_lo", "start_hi", "q_ready_lo", "blocks_done_lo", "partials_ready_lo", "merged_lo", "end_lo")
+          "start_lo", "start_hi", "q_ready_lo", "blocks_done_lo", "partials_ready_lo", "merged_lo", "end_lo",
+          "entry_lo", "k_ready_lo")
 # Times of a tile besides its start and end (low words; 0 where a tile has no such point):
 # Q landed; its last P @ V done (the K/V loop over); a split tile's merger: every writer's partial
-# visible, then all of them folded in (before the epilogue).
-MARKS = ("q_ready_lo", "blocks_done_lo", "partials_ready_lo", "merged_lo")
+# visible, then all of them folded in (before the epilogue); its first K block landed (seen after Q).
+MARKS = ("q_ready_lo", "blocks_done_lo", "partials_ready_lo", "merged_lo", "k_ready_lo")
 RECORD_WORDS = len(FIELDS)
 FIELD = {name: i for i, name in enumerate(FIELDS)}
 FLAG_DYNAMIC = 1  # the tile came from the dynamic schedule (its counter or, dealt, its order)
@@ -80,9 +81,10 @@ class TileTrace:
             self.semaphores[at + hi_field] = Int32(t >> 32)
 
     @cute.jit
-    def begin(self, cursor: Int32, m_block: Int32, head: Int32, batch: Int32, flags: Int32) -> Int32:
-        """A tile starts: claim its record and write who runs it, what it is and when.
-        Returns the record's slot (-1: none, the buffer is full or this thread does not write)."""
+    def begin(self, cursor: Int32, m_block: Int32, head: Int32, batch: Int32, flags: Int32, entry: Int64) -> Int32:
+        """A tile starts: claim its record and write who runs it, what it is and when (``entry``:
+        the CTA's ``global_ns`` at kernel entry). Returns the record's slot (-1: none, the buffer is
+        full or this thread does not write)."""
         slot = Int32(-1)
         if self.tidx == 0:
             claimed = cute.arch.atomic_add(self.semaphores.iterator + COUNTER_WORD, Int32(1))
@@ -96,6 +98,7 @@ class TileTrace:
                 self.semaphores[at + FIELD["head"]] = head
                 self.semaphores[at + FIELD["batch"]] = batch
                 self.semaphores[at + FIELD["flags"]] = flags
+                self.semaphores[at + FIELD["entry_lo"]] = Int32(entry)
                 self._time(slot, FIELD["start_lo"], FIELD["start_hi"])
         return slot
 

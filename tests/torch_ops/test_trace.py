@@ -130,3 +130,28 @@ def test_split_pieces_report_their_merge(tmp_path):
     s = fa4_trace.summary(call)
     assert s["split_pieces"] == 2
     assert s["merge_wait_us_mean"] == pytest.approx(0.3) and s["merge_us_mean"] == pytest.approx(0.5)
+
+
+def test_entries_decode_before_the_start_and_summarise_the_prologue(tmp_path):
+    # CTA 0 entered 600 ns before its start, across the start's low-word boundary (t1's low word
+    # is 400); CTA 1 entered 200 ns after CTA 0 and started its two tiles 700 and 3000 ns later.
+    t1 = (9 << 32) + 400
+
+    def low_word(t):  # as C prints an int32
+        t &= 0xFFFFFFFF
+        return t - (1 << 32) if t >= 1 << 31 else t
+    # Their first K blocks landed 150, 200 and 100 ns after Q.
+    records = [record(0, 0, 0, t1, t1 + 100, t1 + 2000) + [low_word(t1 - 600), low_word(t1 + 250)],
+               record(1, 1, 1, t1 + 300, t1 + 400, t1 + 2500) + [low_word(t1 - 400), low_word(t1 + 600)],
+               record(1, 1, 3, t1 + 2600, t1 + 2700, t1 + 3500) + [low_word(t1 - 400), low_word(t1 + 2800)]]
+    path = tmp_path / "entries.jsonl"
+    path.write_text(line(0, records, fields=FIELDS + ["entry_lo", "k_ready_lo"]))
+    call = fa4_trace.load(path)[0]
+    assert [t.entry for t in call["tiles"]] == [t1 - 600, t1 - 400, t1 - 400]
+    s = fa4_trace.summary(call)
+    assert s["prologue_us_mean"] == pytest.approx(0.65)  # each CTA's first tile: (600 + 700) / 2 ns
+    assert s["entry_spread_us"] == pytest.approx(0.2) and s["entry_to_end_us"] == pytest.approx(4.1)
+    assert s["k_wait_us_mean"] == pytest.approx((250 + 300 + 200) / 3 / 1e3)
+    # A file written before these fields: its tiles have neither, nor has its summary.
+    older = dict(call, tiles=[fa4_trace.Tile(**{**t.__dict__, "entry": None, "k_ready": None}) for t in call["tiles"]])
+    assert not {"prologue_us_mean", "k_wait_us_mean"} & set(fa4_trace.summary(older))

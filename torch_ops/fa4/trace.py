@@ -14,8 +14,9 @@ Render::
 While ``FA4_TRACE`` names a file, each eager CUDA forward (dense, packed, KV cache) runs the trace
 twin of its kernel, which writes one record per tile (or split-tail piece): the SM and CTA, the
 tile's coordinates and K/V block range, and ``%globaltimer`` nanoseconds at its start, when its
-Q had landed and at its end (``src/fa4_kernels/trace.py``). The operator then waits for the
-kernel and appends one JSON line per call to the file. Production kernels carry none of this.
+Q and its first K block had landed and at its end, and when its CTA entered the kernel
+(``src/fa4_kernels/trace.py``). The operator then waits for the kernel and appends one JSON line
+per call to the file. Production kernels carry none of this.
 The wheel ships trace twins for bf16 head_dim 64 and 128 without a mask or causal (every tile
 family); other calls run untraced and say so in the file; a build with
 ``FA4_TRACE_VARIANTS=all`` traces every dense, packed and KV-cache forward. Calls captured into
@@ -84,11 +85,18 @@ class Tile:
     end: int
     partials_ready: int | None = None  # a split tile's merger: every writer's partial visible
     merged: int | None = None  # ... and folded in, before the epilogue
+    entry: int | None = None  # its CTA entered the kernel (files from builds before this field: None)
+    k_ready: int | None = None  # its first K block had landed, seen after Q (None likewise)
 
 
 def _after(start: int, low: int) -> int:
     """The time whose low 32 bits are ``low``, at or after ``start`` (less than 2^32 ns later)."""
     return start + ((low - start) & 0xFFFFFFFF)
+
+
+def _before(start: int, low: int) -> int:
+    """The time whose low 32 bits are ``low``, at or before ``start`` (less than 2^32 ns earlier)."""
+    return start - ((start - low) & 0xFFFFFFFF)
 
 
 def decode(call: dict) -> list[Tile]:
@@ -103,7 +111,9 @@ def decode(call: dict) -> list[Tile]:
         tiles.append(Tile(r[index["sm"]], r[index["cta"]], r[index["cursor"]], r[index["m_block"]], r[index["head"]],
                           r[index["batch"]], r[index["n_block_min"]], r[index["n_block_max"]], flags, start,
                           at("q_ready_lo"), at("blocks_done_lo"), at("end_lo"),
-                          at("partials_ready_lo") if merger else None, at("merged_lo") if merger else None))
+                          at("partials_ready_lo") if merger else None, at("merged_lo") if merger else None,
+                          _before(start, r[index["entry_lo"]]) if "entry_lo" in index else None,
+                          at("k_ready_lo") if "k_ready_lo" in index else None))
     return tiles
 
 
@@ -150,14 +160,33 @@ def summary(call: dict) -> dict:
         "tail_us": (t1 - finish[0]) / 1e3,
         "median_sm_finish_us": (finish[len(finish) // 2] - t0) / 1e3,
         "q_wait_us_mean": sum(t.q_ready - t.start for t in tiles) / len(tiles) / 1e3,
+        **({"k_wait_us_mean": sum(t.k_ready - t.start for t in tiles) / len(tiles) / 1e3}
+           if all(t.k_ready is not None for t in tiles) else {}),
         # From the last P @ V to the end: the epilogue, or a split piece's partial store or merge.
         "after_blocks_us_mean": sum(t.end - t.blocks_done for t in tiles) / len(tiles) / 1e3,
         "stolen": sum(stolen(call, t) for t in tiles),
         "split_pieces": sum(bool(t.flags & {"split_writer", "split_merger"}) for t in tiles),
         # Split tiles' mergers: waiting for the writers' partials, then folding them in.
         **_merges(tiles),
+        **_entries(tiles),
         "dropped": call.get("dropped", 0),
     }
+
+
+def _entries(tiles: list[Tile]) -> dict:
+    """From the CTAs' kernel entry to their first tile's start (the shared-memory set-up, the wait
+    for the previous grid, the first tile's schedule arithmetic), how far apart the CTAs entered,
+    and from the first entry to the last tile's end."""
+    first: dict[int, Tile] = {}
+    for t in tiles:
+        if t.entry is not None and (t.cta not in first or t.start < first[t.cta].start):
+            first[t.cta] = t
+    if not first:
+        return {}
+    entries = [t.entry for t in first.values()]
+    return {"prologue_us_mean": sum(t.start - t.entry for t in first.values()) / len(first) / 1e3,
+            "entry_spread_us": (max(entries) - min(entries)) / 1e3,
+            "entry_to_end_us": (max(t.end for t in tiles) - min(entries)) / 1e3}
 
 
 def _merges(tiles: list[Tile]) -> dict:

@@ -61,7 +61,8 @@ from fa4_kernels.softmax import OnlineSoftmax
 from fa4_kernels.sm90.common import LOG2_E, ROWS_PER_WG, THREADS_PER_WG, make_smem_layout
 from fa4_kernels.split_partials import CHUNK, SplitPartials, distributes, helper_lanes, partial_words_per_thread
 from fa4_kernels.stamps import TILE_END, Stamps
-from fa4_kernels.trace import FLAG_DEALT, FLAG_DYNAMIC, FLAG_SPLIT_MERGER, FLAG_SPLIT_WRITER, TileTrace, deal_round_robin
+from fa4_kernels.trace import (FLAG_DEALT, FLAG_DYNAMIC, FLAG_SPLIT_MERGER, FLAG_SPLIT_WRITER, TileTrace,
+                               deal_round_robin, global_ns)
 from fa4_kernels.tile_scheduler import (
     MERGER,
     UNBOUNDED_BLOCKS,
@@ -553,6 +554,8 @@ class FlashAttentionForwardSm90:
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
     ):
+        # Trace twins: when this CTA entered the kernel (TileTrace.begin).
+        entry_ns = global_ns() if const_expr(self.trace) else None
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_Qc, tma_atom_K, tma_atom_V, tma_atom_O):
@@ -671,7 +674,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache, sAlibi,
+                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache, sAlibi, entry_ns,
             )
 
     @cute.jit
@@ -921,6 +924,7 @@ class FlashAttentionForwardSm90:
         mScoreParams: cute.Tensor,
         kv_cache,
         sAlibi,
+        entry_ns=None,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -986,7 +990,7 @@ class FlashAttentionForwardSm90:
         while valid:
             trace_slot = Int32(-1)
             if const_expr(self.trace):
-                trace_slot = tracer.begin(cursor, m_block, head_idx, batch_idx, tile_flags)
+                trace_slot = tracer.begin(cursor, m_block, head_idx, batch_idx, tile_flags, entry_ns)
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
@@ -1090,6 +1094,8 @@ class FlashAttentionForwardSm90:
             if const_expr(bias_at is not None):
                 first_key = bias_at[0](n_block_max - 1)
             pipeline_k.consumer_wait(kv_state)
+            if const_expr(self.trace):
+                tracer.mark(trace_slot, "k_ready_lo")
             if const_expr(self.patch_appends):
                 if patched != 0:  # the appended rows into the loaded K (kv_cache.patch_rows)
                     patch_rows(sK[None, None, kv_state.index], mKNew, self.cache_head(head_idx, pack_gqa, mO, mKCache),
