@@ -45,7 +45,8 @@ if mode == "trace":  # the trace twin's timeline of a few eager calls (fa4.trace
                 torch.cuda.synchronize()
             traced = [fa4_trace.summary(c) for c in fa4_trace.load(f"{tmp}/decode.jsonl")[1:]]
         fields = ("makespan_us", "q_wait_us_mean", "k_wait_us_mean", "after_blocks_us_mean", "merge_wait_us_mean",
-                  "merge_us_mean", "prologue_us_mean", "entry_spread_us", "entry_to_end_us")
+                  "merge_us_mean", "prologue_us_mean", "setup_us_mean", "role_us_mean", "schedule_us_mean",
+                  "grid_wait_us_mean", "entry_spread_us", "entry_to_end_us")
         print(f"trace {batch}x{length} q{seqlen_q} splits={n}: " + ", ".join(
             f"{f} {sum(t.get(f, 0.0) for t in traced) / len(traced):.2f}" for f in fields))
     sys.exit(0)

@@ -2,7 +2,8 @@
 
 A traced forward writes one record per tile (or split-tail piece) it works on: the SM and CTA
 that ran it, the schedule's cursor, the tile's coordinates and K/V block range, and the
-``%globaltimer`` nanoseconds at its start, when its Q had landed and at its end. The records go
+``%globaltimer`` nanoseconds at its start, when its Q had landed and at its end, and its CTA's way
+to its first tile (PROLOGUE: what a launch costs before a tile starts). The records go
 into the forward's ``semaphores`` vector past the words the scheduler uses; the host lays out a
 header there (fa4_ops.cpp, ``trace_call``) and writes the records to the trace file that
 ``python -m fa4.trace`` renders. Production variants compile none of this.
@@ -34,11 +35,16 @@ COUNTER_WORD, BASE_WORD, CAPACITY_WORD, DEAL_WORD = 1, 2, 3, 4
 # The words of one record, in order. "flags": FLAG_* below.
 FIELDS = ("sm", "cta", "cursor", "m_block", "head", "batch", "n_block_min", "n_block_max", "flags",
           "start_lo", "start_hi", "q_ready_lo", "blocks_done_lo", "partials_ready_lo", "merged_lo", "end_lo",
-          "entry_lo", "k_ready_lo")
+          "entry_lo", "k_ready_lo", "setup_lo", "consume_lo", "pre_wait_lo")
 # Times of a tile besides its start and end (low words; 0 where a tile has no such point):
 # Q landed; its last P @ V done (the K/V loop over); a split tile's merger: every writer's partial
 # visible, then all of them folded in (before the epilogue); its first K block landed (seen after Q).
 MARKS = ("q_ready_lo", "blocks_done_lo", "partials_ready_lo", "merged_lo", "k_ready_lo")
+# The CTA's way to its first tile (every record of a CTA repeats them): it entered the kernel; the
+# shared-memory set-up (barriers, descriptor prefetches, the CTA-wide sync) was done; the consumer
+# warpgroup entered its role (after setmaxnreg); it had its first tile's schedule arithmetic done
+# and was about to wait for the previous grid (PDL; the tile's start follows that wait).
+PROLOGUE = ("entry_lo", "setup_lo", "consume_lo", "pre_wait_lo")
 RECORD_WORDS = len(FIELDS)
 FIELD = {name: i for i, name in enumerate(FIELDS)}
 FLAG_DYNAMIC = 1  # the tile came from the dynamic schedule (its counter or, dealt, its order)
@@ -73,20 +79,24 @@ class TileTrace:
     tidx: Int32
 
     @cute.jit
-    def _time(self, slot: Int32, lo_field: cutlass.Constexpr[int], hi_field: cutlass.Constexpr[int]):
-        t = global_ns()
+    def _time(self, slot: Int32, lo_field: cutlass.Constexpr[int], hi_field: cutlass.Constexpr[int], t=None):
+        if const_expr(t is None):
+            t = global_ns()
         at = self.semaphores[BASE_WORD] + slot * RECORD_WORDS
         self.semaphores[at + lo_field] = Int32(t)
         if const_expr(hi_field >= 0):
             self.semaphores[at + hi_field] = Int32(t >> 32)
 
     @cute.jit
-    def begin(self, cursor: Int32, m_block: Int32, head: Int32, batch: Int32, flags: Int32, entry: Int64) -> Int32:
-        """A tile starts: claim its record and write who runs it, what it is and when (``entry``:
-        the CTA's ``global_ns`` at kernel entry). Returns the record's slot (-1: none, the buffer is
-        full or this thread does not write)."""
+    def begin(self, cursor: Int32, m_block: Int32, head: Int32, batch: Int32, flags: Int32, prologue) -> Int32:
+        """A tile starts: claim its record and write who runs it, what it is and when (``prologue``:
+        the CTA's ``global_ns`` at each of PROLOGUE). Returns the record's slot (-1: none, the buffer
+        is full or this thread does not write)."""
         slot = Int32(-1)
         if self.tidx == 0:
+            # The start is read before the record is claimed: the claim's atomic and the capacity's
+            # load are two round trips to the L2 (~0.5 us) that the tile does not wait for.
+            start = global_ns()
             claimed = cute.arch.atomic_add(self.semaphores.iterator + COUNTER_WORD, Int32(1))
             if claimed < self.semaphores[CAPACITY_WORD]:
                 slot = claimed
@@ -98,8 +108,9 @@ class TileTrace:
                 self.semaphores[at + FIELD["head"]] = head
                 self.semaphores[at + FIELD["batch"]] = batch
                 self.semaphores[at + FIELD["flags"]] = flags
-                self.semaphores[at + FIELD["entry_lo"]] = Int32(entry)
-                self._time(slot, FIELD["start_lo"], FIELD["start_hi"])
+                for field, t in zip(PROLOGUE, prologue):
+                    self.semaphores[at + FIELD[field]] = Int32(t)
+                self._time(slot, FIELD["start_lo"], FIELD["start_hi"], start)
         return slot
 
     @cute.jit

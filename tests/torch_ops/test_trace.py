@@ -152,6 +152,26 @@ def test_entries_decode_before_the_start_and_summarise_the_prologue(tmp_path):
     assert s["prologue_us_mean"] == pytest.approx(0.65)  # each CTA's first tile: (600 + 700) / 2 ns
     assert s["entry_spread_us"] == pytest.approx(0.2) and s["entry_to_end_us"] == pytest.approx(4.1)
     assert s["k_wait_us_mean"] == pytest.approx((250 + 300 + 200) / 3 / 1e3)
+    assert "setup_us_mean" not in s  # a file without the prologue's parts
     # A file written before these fields: its tiles have neither, nor has its summary.
     older = dict(call, tiles=[fa4_trace.Tile(**{**t.__dict__, "entry": None, "k_ready": None}) for t in call["tiles"]])
     assert not {"prologue_us_mean", "k_wait_us_mean"} & set(fa4_trace.summary(older))
+
+
+def test_the_prologue_splits_into_its_parts(tmp_path):
+    t1 = (5 << 32) + 100  # the start's low word: 100, so the parts' low words wrap
+
+    def low_word(t):
+        t &= 0xFFFFFFFF
+        return t - (1 << 32) if t >= 1 << 31 else t
+    fields = FIELDS + ["entry_lo", "k_ready_lo", "setup_lo", "consume_lo", "pre_wait_lo"]
+    # entry -1000, set-up done -800, role entered -700, schedule done -300, start 0 (ns from t1)
+    rec = record(0, 0, 0, t1, t1 + 100, t1 + 2000) + [low_word(t1 + d) for d in (-1000, 150, -800, -700, -300)]
+    path = tmp_path / "parts.jsonl"
+    path.write_text(line(0, [rec], fields=fields))
+    tile = fa4_trace.load(path)[0]["tiles"][0]
+    assert (tile.entry, tile.setup, tile.consume, tile.pre_wait) == (t1 - 1000, t1 - 800, t1 - 700, t1 - 300)
+    s = fa4_trace.summary(fa4_trace.load(path)[0])
+    assert s["prologue_us_mean"] == pytest.approx(1.0)
+    assert [s[f"{p}_us_mean"] for p in ("setup", "role", "schedule", "grid_wait")] == pytest.approx(
+        [0.2, 0.1, 0.4, 0.3])

@@ -87,6 +87,11 @@ class Tile:
     merged: int | None = None  # ... and folded in, before the epilogue
     entry: int | None = None  # its CTA entered the kernel (files from builds before this field: None)
     k_ready: int | None = None  # its first K block had landed, seen after Q (None likewise)
+    # Its CTA's way to its first tile (None likewise): the shared-memory set-up done, the consumer
+    # warpgroup in its role, the first tile's schedule arithmetic done (then the grid wait).
+    setup: int | None = None
+    consume: int | None = None
+    pre_wait: int | None = None
 
 
 def _after(start: int, low: int) -> int:
@@ -112,8 +117,10 @@ def decode(call: dict) -> list[Tile]:
                           r[index["batch"]], r[index["n_block_min"]], r[index["n_block_max"]], flags, start,
                           at("q_ready_lo"), at("blocks_done_lo"), at("end_lo"),
                           at("partials_ready_lo") if merger else None, at("merged_lo") if merger else None,
-                          _before(start, r[index["entry_lo"]]) if "entry_lo" in index else None,
-                          at("k_ready_lo") if "k_ready_lo" in index else None))
+                          *(_before(start, r[index[f]]) if f in index else None for f in ("entry_lo",)),
+                          at("k_ready_lo") if "k_ready_lo" in index else None,
+                          *(_before(start, r[index[f]]) if f in index else None
+                            for f in ("setup_lo", "consume_lo", "pre_wait_lo"))))
     return tiles
 
 
@@ -184,9 +191,15 @@ def _entries(tiles: list[Tile]) -> dict:
     if not first:
         return {}
     entries = [t.entry for t in first.values()]
-    return {"prologue_us_mean": sum(t.start - t.entry for t in first.values()) / len(first) / 1e3,
-            "entry_spread_us": (max(entries) - min(entries)) / 1e3,
-            "entry_to_end_us": (max(t.end for t in tiles) - min(entries)) / 1e3}
+    out = {"prologue_us_mean": sum(t.start - t.entry for t in first.values()) / len(first) / 1e3,
+           "entry_spread_us": (max(entries) - min(entries)) / 1e3,
+           "entry_to_end_us": (max(t.end for t in tiles) - min(entries)) / 1e3}
+    if all(t.pre_wait is not None for t in first.values()):
+        # The prologue's parts: set-up, entering the role, the first tile's schedule, the grid wait.
+        points = ("entry", "setup", "consume", "pre_wait", "start")
+        for name, (a, b) in zip(("setup", "role", "schedule", "grid_wait"), zip(points, points[1:])):
+            out[f"{name}_us_mean"] = sum(getattr(t, b) - getattr(t, a) for t in first.values()) / len(first) / 1e3
+    return out
 
 
 def _merges(tiles: list[Tile]) -> dict:

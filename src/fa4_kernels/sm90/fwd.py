@@ -600,6 +600,7 @@ class FlashAttentionForwardSm90:
                            cute.arch.thread_idx()[0], self.num_threads)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        setup_ns = global_ns() if const_expr(self.trace) else None
         if const_expr(self.pdl):
             # Launched with programmatic dependent launch: the setup above, and each role's set-up
             # and first tile's arithmetic up to wait_previous_grid, run while the previous kernel
@@ -674,7 +675,7 @@ class FlashAttentionForwardSm90:
                 tiled_mma_qk, tiled_mma_pv, tidx,
                 scale_log2, score_scale, softcap, block_info,
                 scheduler, seqlen_q, seqlen_k, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa,
-                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache, sAlibi, entry_ns,
+                partials, make_scheduler, sparse_tables, mScoreParams, kv_cache, sAlibi, (entry_ns, setup_ns),
             )
 
     @cute.jit
@@ -924,8 +925,10 @@ class FlashAttentionForwardSm90:
         mScoreParams: cute.Tensor,
         kv_cache,
         sAlibi,
-        entry_ns=None,
+        prologue_ns=None,
     ):
+        """``prologue_ns``: trace twins' (kernel entry, set-up done) times of this CTA (TileTrace.begin)."""
+        consume_ns = global_ns() if const_expr(self.trace) else None
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         # WGMMA operands in shared memory are described per warpgroup.
@@ -986,11 +989,14 @@ class FlashAttentionForwardSm90:
                                              cutlass.min(seqlen_q, block_rows(self.tile_m, pack_gqa)) * pack_gqa,
                                              self.head_dim_v)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
+        prologue = None
+        if const_expr(self.trace):
+            prologue = (*prologue_ns, consume_ns, global_ns())
         self.wait_previous_grid()
         while valid:
             trace_slot = Int32(-1)
             if const_expr(self.trace):
-                trace_slot = tracer.begin(cursor, m_block, head_idx, batch_idx, tile_flags, entry_ns)
+                trace_slot = tracer.begin(cursor, m_block, head_idx, batch_idx, tile_flags, prologue)
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
