@@ -83,32 +83,65 @@ class SplitTail:
     first: int = 0
     end: int = 0
     first_tile: int = 0
+    # The launch's values, computed once on the host (``planned``: in the launch function, whose
+    # arithmetic runs on the CPU) and passed to the kernel: (full_rounds, units, ctas, per_cta,
+    # extra, and divisors by n_blocks, per_cta + 1 and max(per_cta, 1)). Without them every CTA
+    # computed them before its first load, a chain of integer divisions (docs/perf_notes.md,
+    # session 66); the divisors are FastDivmod ones in the kernel (a multiply-high and a shift),
+    # the plain ints on the CPU.
+    plan: tuple | None = None
+
+    def planned(self, divisor=lambda d: d):
+        """This split with ``plan`` computed (``divisor``: cute.fast_divmod_create_divisor_v2 in
+        the launch function)."""
+        ctas = cutlass.max(self.ctas, 1)
+        per_cta = self.units // ctas
+        return replace(self, plan=(self.full_rounds, self.units, self.ctas, per_cta, self.units % ctas,
+                                   divisor(cutlass.max(self.n_blocks, 1)), divisor(per_cta + 1),
+                                   divisor(cutlass.max(per_cta, 1))))
 
     @property
     def full_rounds(self):
-        return self.num_tiles // self.grid
+        return self.plan[0] if self.plan is not None else self.num_tiles // self.grid
 
     @property
     def units(self):
+        if self.plan is not None:
+            return self.plan[1]
         return (self.num_tiles - self.full_rounds * self.grid) * self.n_blocks
 
     @property
     def ctas(self):
         """CTAs sharing the tail: 0 when there is none or no split was asked for."""
+        if self.plan is not None:
+            return self.plan[2]
         return cutlass.min(cutlass.max(self.tail_ctas, 0), self.grid, self.units)
+
+    def _shares(self):
+        """(per_cta, extra): every CTA's units, and how many CTAs take one more."""
+        if self.plan is not None:
+            return self.plan[3], self.plan[4]
+        ctas = cutlass.max(self.ctas, 1)
+        return self.units // ctas, self.units % ctas
+
+    def _by_n_blocks(self):
+        return self.plan[5] if self.plan is not None else self.n_blocks
+
+    def tail_tiles(self):
+        """Tiles in the split tail."""
+        return self.units // self._by_n_blocks()
 
     def start(self, cta):
         """First unit of ``cta``'s share (``units`` for CTAs beyond ``ctas``)."""
-        ctas = cutlass.max(self.ctas, 1)
-        per_cta, extra = self.units // ctas, self.units % ctas
-        cta = cutlass.min(cta, ctas)
+        per_cta, extra = self._shares()
+        cta = cutlass.min(cta, cutlass.max(self.ctas, 1))
         return cta * per_cta + cutlass.min(cta, extra)
 
     def for_cta(self, cta):
         """This split with ``cta``'s share fixed (CTAs past ``ctas`` get an empty share)."""
         first = self.start(cta)
         return replace(self, cta=cta, rounds=self.full_rounds, split=cutlass.min(self.ctas, 1), first=first,
-                       end=self.start(cta + 1), first_tile=first // self.n_blocks)
+                       end=self.start(cta + 1), first_tile=first // self._by_n_blocks())
 
     def in_tail(self, item):
         """1 when the CTA's ``item``-th piece of work comes from a split tail, else 0."""
@@ -151,12 +184,12 @@ class SplitTail:
 
     def owner(self, unit):
         """The CTA whose share holds ``unit`` (< units)."""
-        ctas = cutlass.max(self.ctas, 1)
-        per_cta, extra = self.units // ctas, self.units % ctas
+        per_cta, extra = self._shares()
+        by_long, by_short = (self.plan[6], self.plan[7]) if self.plan is not None else (
+            per_cta + 1, cutlass.max(per_cta, 1))
         long_units = extra * (per_cta + 1)  # the first ``extra`` CTAs take per_cta + 1 units
         in_long = cutlass.min(cutlass.max(long_units - unit, 0), 1)
-        return in_long * (unit // (per_cta + 1)) + (1 - in_long) * (
-            extra + cutlass.max(unit - long_units, 0) // cutlass.max(per_cta, 1))
+        return in_long * (unit // by_long) + (1 - in_long) * (extra + cutlass.max(unit - long_units, 0) // by_short)
 
     def first_piece_merger(self):
         """The CTA holding block 0 of the tile of this CTA's first piece: where a writing piece
@@ -167,7 +200,7 @@ class SplitTail:
         """For ``cta``'s merging piece (its last, cut at its share's end): how many CTAs after
         it hold the rest of that tile, each as a written partial (their first pieces)."""
         end = self.start(cta + 1)
-        tile_end = (end // self.n_blocks + 1) * self.n_blocks
+        tile_end = (end // self._by_n_blocks() + 1) * self.n_blocks
         return self.owner(tile_end - 1) - cta
 
 
@@ -183,7 +216,7 @@ class StaticPersistentScheduler:
     mSeqOrder: cute.Tensor | None = None  # ... taking the sequences in this order (a permutation)
     sSeqOrder: cute.Tensor | None = None  # ... or this one, up to SEQ_ORDER_IN_KERNEL sequences
     split: SplitTail | None = None  # static mode: the last round's split
-    # In the kernel (``with_fast_division``): the divisors of ``coordinates``, each a
+    # From the host (``with_fast_division``): the divisors of ``coordinates``, each a
     # multiply-high and shift per tile instead of a ~20-instruction division.
     fast: tuple | None = None
 
@@ -193,18 +226,13 @@ class StaticPersistentScheduler:
         last_group = cutlass.max(num_hb // self.heads_per_group - 1, 0)
         return last_group, num_hb - last_group * self.heads_per_group
 
-    @cute.jit
-    def with_fast_division(self):
-        """This scheduler with precomputed divisors (once per CTA): group_tiles, heads_per_group,
-        the last group's pair count (the only group that may differ), num_heads."""
+    def with_fast_division(self, divisor):
+        """This scheduler with precomputed divisors (``divisor(d)``: one for d; once per launch,
+        on the host): group_tiles, heads_per_group, the last group's pair count (the only group
+        that may differ), num_heads."""
         last_group, last_heads = self.group_layout()
-        fast = (
-            cute.fast_divmod_create_divisor_v2(self.heads_per_group * self.num_m_blocks),
-            cute.fast_divmod_create_divisor_v2(self.heads_per_group),
-            cute.fast_divmod_create_divisor_v2(last_heads),
-            cute.fast_divmod_create_divisor_v2(self.num_heads),
-            last_group,
-        )
+        fast = (divisor(self.heads_per_group * self.num_m_blocks), divisor(self.heads_per_group), divisor(last_heads),
+                divisor(self.num_heads), last_group)
         return replace(self, fast=fast)
 
     @property

@@ -5,7 +5,6 @@ and the tile order of the dynamic longest-first schedule (every tile once; with 
 group size the SMs finish together)."""
 import heapq
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -49,6 +48,25 @@ def cases():
     for _ in range(100):
         grid = rng.choice([1, 2, 7, 16, 132])
         yield rng.randint(1, 5 * grid), grid, rng.randint(1, 70), rng.randint(0, grid + 3)
+
+
+def test_a_planned_split_tail_is_the_same_split():
+    """The launch's values computed once (on the host in the kernels: SplitTail.planned) give every
+    CTA the same share, pieces, roles and owners as computing them per CTA."""
+    for num_tiles, grid, n_blocks, tail_ctas in cases():
+        split = SplitTail(num_tiles, grid, n_blocks, tail_ctas)
+        planned = split.planned()
+        assert (planned.full_rounds, planned.units, planned.ctas) == (split.full_rounds, split.units, split.ctas)
+        if split.ctas:
+            assert planned.tail_tiles() == split.tail_tiles() == num_tiles - split.full_rounds * grid
+        for cta in range(grid):
+            a, b = split.for_cta(cta), planned.for_cta(cta)
+            fields = lambda s: (s.first, s.end, s.first_tile, s.rounds, s.split)  # noqa: E731
+            assert fields(a) == fields(b)
+            assert [a.work(i) for i in range(a.rounds + 3)] == [b.work(i) for i in range(b.rounds + 3)]
+            if cta < split.ctas:
+                assert a.writers(cta) == b.writers(cta) and a.first_piece_merger() == b.first_piece_merger()
+        assert [split.owner(u) for u in range(split.units)] == [planned.owner(u) for u in range(split.units)]
 
 
 def test_split_tail_covers_every_unit_once_with_one_merger_per_split_tile():
@@ -163,9 +181,7 @@ def tile_order(num_m_blocks, num_heads, num_batches, heads_per_group, longest_fi
     ``coordinates`` the kernel runs (``fast``: the with_fast_division path, divisors as ints)."""
     sched = StaticPersistentScheduler(num_m_blocks, num_heads, num_batches, heads_per_group, longest_first, 128)
     if fast:
-        last_group, last_heads = sched.group_layout()
-        sched = replace(sched, fast=(heads_per_group * num_m_blocks, heads_per_group, last_heads, num_heads,
-                                     last_group))
+        sched = sched.with_fast_division(lambda d: d)
     return [sched.coordinates(t) for t in range(sched.num_tiles)]
 
 

@@ -243,40 +243,71 @@ class FlashAttentionForwardSm90:
         self.trace = trace
 
     # ------------------------------------------------------------------ host side
-    def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
-                  mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, pack_gqa: Int32,
-                  tail_ctas: Int32, grid=None, zero=None, seqlen_k=None, sSeqOrder=None) -> StaticPersistentScheduler:
-        """mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
+    def schedule_plan(self, mQ: cute.Tensor, mK: cute.Tensor, heads_per_group: Int32, max_seqlen_q: Int32,
+                      mCuSeqlensQ: cute.Tensor, pack_gqa: Int32, tail_ctas: Int32, num_sms: Int32, seqlen_k=None):
+        """Host side (the launch function, whose arithmetic runs on the CPU at every launch): the
+        grid, and the schedule's values that are the same for every CTA as one kernel argument
+        (``scheduler`` rebuilds the schedule from it): tile counts, the tile decode's divisors
+        and the split tail's shares, as FastDivmod divisors where the kernel divides by them.
+        Every CTA used to compute them before its first load: a chain of integer divisions that
+        took ~1 us of a decoding call (docs/perf_notes.md, session 66).
+
+        mQ, mK in the (seqlen, dim, head, batch) view. With pack-GQA a tile holds tile_m /
         pack_gqa rows of each of pack_gqa query heads of one K/V head (all of its group or a
-        part), and the scheduler's head index counts those packs. ``grid``: the launched grid (in
-        the kernel), for the split.
-        ``zero``: an opaque zero (ptx.loop_bound_zero) added to every input, so that what derives
-        from them is computed where this is called rather than once and held in registers.
-        ``seqlen_k``: the keys every tile's range is cut from (default mK's rows; a KV cache's
-        capacity). ``sSeqOrder``: packed sequences' order in shared memory (in the kernel)."""
-        size = lambda v: cute.size(v)  # noqa: E731
-        cta = Int32(cute.arch.block_idx()[0])
-        if const_expr(zero is not None):
-            heads_per_group, pack_gqa, tail_ctas, grid, cta = (
-                Int32(v) + zero for v in (heads_per_group, pack_gqa, tail_ctas, grid, cta))
-            size = lambda v: cute.size(v) + zero  # noqa: E731
+        part), and the scheduler's head index counts those packs. ``seqlen_k``: the keys every
+        tile's range is cut from (default mK's rows; a KV cache's capacity)."""
         rows = block_rows(self.tile_m, pack_gqa)
-        num_heads = size(mQ.shape[2]) // pack_gqa
+        num_heads = cute.size(mQ.shape[2]) // pack_gqa
+        divisor = lambda d: cute.fast_divmod_create_divisor_v2(cutlass.max(d, 1))  # noqa: E731
         if const_expr(self.is_varlen):
-            return StaticPersistentScheduler(
-                cute.ceil_div(max_seqlen_q, rows), num_heads,
-                cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1), self.is_causal or self.is_local,
-                rows, mCuSeqlensQ, mSeqOrder, sSeqOrder,
-            )
-        sched = StaticPersistentScheduler(
-            cute.ceil_div(size(mQ.shape[0]), rows), num_heads,
-            size(mQ.shape[3]), heads_per_group, self.is_causal or self.is_local, rows,
-        )
-        if const_expr(self.split_tail and grid is not None):
+            sched = StaticPersistentScheduler(cute.ceil_div(max_seqlen_q, rows), num_heads,
+                                              cute.size(mCuSeqlensQ.shape[0]) - 1, Int32(1),
+                                              self.is_causal or self.is_local, rows)
+            fast = ()
+        else:
+            sched = StaticPersistentScheduler(cute.ceil_div(cute.size(mQ.shape[0]), rows), num_heads,
+                                              cute.size(mQ.shape[3]), heads_per_group,
+                                              self.is_causal or self.is_local, rows)
+            fast = sched.with_fast_division(divisor).fast
+        num_tiles = sched.num_tiles
+        split = ()
+        if const_expr(self.split_tail):
+            # With fewer tiles than SMs, a split tail spreads them over up to tail_ctas CTAs.
+            grid = cutlass.min(num_sms, cutlass.max(num_tiles, tail_ctas))
             # No mask: every tile visits all ceil(seqlen_k / tile_n) K/V blocks.
-            n_blocks = cute.ceil_div(size(mK.shape[0]) if const_expr(seqlen_k is None) else seqlen_k, self.tile_n)
-            split = SplitTail(sched.num_tiles, grid, n_blocks, tail_ctas)
-            sched = replace(sched, split=split.for_cta(cta))
+            n_blocks = cute.ceil_div(cute.size(mK.shape[0]) if const_expr(seqlen_k is None) else seqlen_k,
+                                     self.tile_n)
+            tail = SplitTail(num_tiles, grid, n_blocks, tail_ctas).planned(divisor)
+            split = (tail.num_tiles, tail.grid, tail.n_blocks, tail.tail_ctas, *tail.plan)
+        else:
+            grid = cutlass.min(num_tiles, num_sms)
+        return grid, (sched.num_m_blocks, sched.num_heads, sched.num_batches, sched.heads_per_group, fast, split)
+
+    def scheduler(self, plan, pack_gqa: Int32, mCuSeqlensQ: cute.Tensor, mSeqOrder: cute.Tensor, zero=None,
+                  sSeqOrder=None) -> StaticPersistentScheduler:
+        """In the kernel: the schedule from ``schedule_plan``'s values, this CTA's share of a split
+        tail fixed. ``zero``: an opaque zero (ptx.loop_bound_zero) added to the integers, so that
+        what derives from them is computed where this is called rather than once and held in
+        registers. ``sSeqOrder``: packed sequences' order in shared memory."""
+        num_m_blocks, num_heads, num_batches, heads_per_group, fast, split = plan
+        cta = Int32(cute.arch.block_idx()[0])
+        plus = lambda v: v  # noqa: E731
+        if const_expr(zero is not None):
+            plus = lambda v: Int32(v) + zero  # noqa: E731
+        num_m_blocks, num_heads, num_batches, heads_per_group, cta = (
+            plus(v) for v in (num_m_blocks, num_heads, num_batches, heads_per_group, cta))
+        rows = block_rows(self.tile_m, pack_gqa)
+        longest_first = self.is_causal or self.is_local
+        if const_expr(self.is_varlen):
+            return StaticPersistentScheduler(num_m_blocks, num_heads, num_batches, Int32(1), longest_first, rows,
+                                             mCuSeqlensQ, mSeqOrder, sSeqOrder)
+        *divisors, last_group = fast
+        sched = StaticPersistentScheduler(num_m_blocks, num_heads, num_batches, heads_per_group, longest_first, rows,
+                                          fast=(*divisors, plus(last_group)))
+        if const_expr(self.split_tail):
+            ints, divisors = [plus(v) for v in split[:9]], split[9:]
+            tail = SplitTail(*ints[:4], plan=(*ints[4:], *divisors))
+            sched = replace(sched, split=tail.for_cta(cta))
         return sched
 
     def seqlen_info(self, batch_idx, seqlen_q, seqlen_k, mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, has_seqused_k,
@@ -464,13 +495,9 @@ class FlashAttentionForwardSm90:
             seq_lengths: cute.struct.MemRange[Int32, SEQ_ORDER_IN_KERNEL if self.is_varlen else 0]
             seq_order: cute.struct.MemRange[Int32, SEQ_ORDER_IN_KERNEL if self.is_varlen else 0]
 
-        num_tiles = self.scheduler(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa,
-                                   tail_ctas, seqlen_k=self.kv_bound(mK, mPageTable, page_size)).num_tiles
-        if const_expr(self.split_tail):
-            # With fewer tiles than SMs, a split tail spreads them over up to tail_ctas CTAs.
-            grid = (cutlass.min(num_sms, cutlass.max(num_tiles, tail_ctas)), 1, 1)
-        else:
-            grid = (cutlass.min(num_tiles, num_sms), 1, 1)
+        grid_ctas, schedule = self.schedule_plan(mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, pack_gqa,
+                                                 tail_ctas, num_sms, seqlen_k=self.kv_bound(mK, mPageTable, page_size))
+        grid = (grid_ctas, 1, 1)
 
         if const_expr(self.has_softcap):
             # tanh soft-capping is applied to raw scores: s <- softcap * tanh(s * scale / softcap),
@@ -486,7 +513,7 @@ class FlashAttentionForwardSm90:
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedK, mSeqOrder, mSparseCounts, mSparseBlocks, mSparseBits,
             mScoreParams, mPageTable, mK, mV, mKNew, mVNew, max_seqlen_q, has_seqused_k, pack_gqa, tail_ctas,
             page_size, seqlen_new, tma_atom_Q, tma_atom_Qc, *[a for a, _ in tma_Qh], tma_atom_K, tma_atom_V,
-            tma_atom_O, scale_log2, score_scale, softcap, window_left, window_right, heads_per_group,
+            tma_atom_O, scale_log2, score_scale, softcap, window_left, window_right, schedule,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(
@@ -545,7 +572,7 @@ class FlashAttentionForwardSm90:
         softcap: Float32,
         window_left: Int32,
         window_right: Int32,
-        heads_per_group: Int32,
+        schedule,  # schedule_plan's values
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -642,9 +669,7 @@ class FlashAttentionForwardSm90:
         # The schedule, built where this is called (consume rebuilds it per tile with
         # rebuild_schedule, passing an opaque zero).
         make_scheduler = lambda zero=None: self.scheduler(  # noqa: E731
-            mQ, mK, heads_per_group, max_seqlen_q, mCuSeqlensQ, mSeqOrder, pack_gqa, tail_ctas,
-            Int32(cute.arch.grid_dim()[0]), zero=zero,
-            seqlen_k=self.kv_bound(mK, mPageTable, page_size) if const_expr(self.kv_cache) else None,
+            schedule, pack_gqa, mCuSeqlensQ, mSeqOrder, zero=zero,
             sSeqOrder=storage.seq_order.get_tensor(cute.make_layout(SEQ_ORDER_IN_KERNEL))
             if const_expr(self.is_varlen) else None)
         scheduler = make_scheduler()
@@ -964,11 +989,6 @@ class FlashAttentionForwardSm90:
             # divisions per tile, instead of held across the K/V loop (FwdConfig.rebuild_schedule).
             schedule_at = lambda cursor: make_scheduler(loop_bound_zero(cursor))  # noqa: E731
         else:
-            if const_expr(not self.is_varlen):
-                # The consumers' own tile decode by precomputed divisors: their tile boundary is
-                # on the critical path (the producer runs ahead; it keeps the plain divisions,
-                # which need no registers across its loop: its 24-40 spill the divisors).
-                scheduler = scheduler.with_fast_division()
             schedule_at = lambda cursor: scheduler  # noqa: E731
         stamps = Stamps.create(partials.partials, tidx, wg_idx) if const_expr(self.stamps) else None
         tracer = TileTrace(partials.semaphores, tidx) if const_expr(self.trace) else None
@@ -985,7 +1005,7 @@ class FlashAttentionForwardSm90:
             # The launch's choice (uniform: the counters take the flags' words), made once: its
             # inputs held across the tile loop spilled the schedule's values (hd128, 37 words).
             tail = scheduler.split
-            distributed_launch = distributes(tail.ctas, tail.units // tail.n_blocks,
+            distributed_launch = distributes(tail.ctas, tail.tail_tiles(),
                                              cutlass.min(seqlen_q, block_rows(self.tile_m, pack_gqa)) * pack_gqa,
                                              self.head_dim_v)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
