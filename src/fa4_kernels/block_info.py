@@ -194,8 +194,12 @@ def row_in_head(tile_row, tile_m: int, pack_log2):
 
 
 def block_rows(tile_m: int, pack_gqa):
-    """Sequence rows of one head in a tile."""
-    return tile_m // pack_gqa
+    """Sequence rows of one head in a tile (pack_gqa: a power of two). In the kernel a shift:
+    the DSL's ``//`` is a signed floor division, whose result, taken before the roles split,
+    ptxas kept in local memory in hd192x192's window kernels with softcap (3 words)."""
+    if isinstance(pack_gqa, int):
+        return tile_m // pack_gqa
+    return Int32(tile_m) >> cute.arch.popc(pack_gqa - 1)
 
 
 @cute.jit
