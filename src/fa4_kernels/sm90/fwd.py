@@ -985,8 +985,9 @@ class FlashAttentionForwardSm90:
 
         if const_expr(self.rebuild_schedule):
             # The schedule's tile-invariant values (the split tail's share, the decode's sizes:
-            # ~8 registers) are rebuilt from the kernel parameters at each use, a few integer
-            # divisions per tile, instead of held across the K/V loop (FwdConfig.rebuild_schedule).
+            # ~8 registers) are rebuilt from schedule_plan's values at each use, a few multiplies
+            # and FastDivmod divisions per tile, instead of held across the K/V loop
+            # (FwdConfig.rebuild_schedule).
             schedule_at = lambda cursor: make_scheduler(loop_bound_zero(cursor))  # noqa: E731
         else:
             schedule_at = lambda cursor: scheduler  # noqa: E731
