@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import fa4
+from fa4.bench_kvcache import captured
 
 batch, length = int(sys.argv[1]), int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else "kernels"
@@ -57,14 +58,7 @@ if mode in ("fa4", "sdpa"):  # fa4: the first split count's call
     torch.cuda.synchronize()
     sys.exit(0)
 for name, call in calls.items():
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = captured(call, 20)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()

@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fa4
-from fa4.bench_kvcache import graph_ms
+from fa4.bench_kvcache import captured, graph_ms
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from decode_cases import case_tensors  # noqa: E402
@@ -49,15 +49,7 @@ def profile(cases):
     for case in cases:
         q, k, v, lens, reference = case_tensors(case)
         for name, fn in {"fa4": lambda: fa4.attention_with_kvcache(q, k, v, lens), "SDPA": reference}.items():
-            fn()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(20):
-                    fn()
-                    spacer.add_(1.0)
-            graph.replay()
-            torch.cuda.synchronize()
+            graph = captured(lambda fn=fn: (fn(), spacer.add_(1.0)), 20)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 graph.replay()
                 torch.cuda.synchronize()

@@ -51,8 +51,9 @@ def eager_ms(fn, iters: int, calls: int = 20) -> float:
     return statistics.median(times)
 
 
-def graph_ms(fn, iters: int, calls: int = 20) -> float:
-    """The same, replaying a CUDA graph of ``calls`` calls (GPU time only)."""
+def captured(fn, calls: int = 20) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back calls of fn (after one eager warm-up call), replayed
+    once."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -61,6 +62,12 @@ def graph_ms(fn, iters: int, calls: int = 20) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def graph_ms(fn, iters: int, calls: int = 20) -> float:
+    """The same, replaying a CUDA graph of ``calls`` calls (GPU time only)."""
+    graph = captured(fn, calls)
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
