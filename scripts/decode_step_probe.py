@@ -10,6 +10,7 @@ under torch.profiler, each kernel's mean span and the mean gap before it (where 
 
     python3 scripts/decode_step_probe.py [--profile] [BATCHxLENGTH ...]     (default 1x4096 1x32768)
 """
+import os
 import sys
 
 import torch
@@ -17,7 +18,8 @@ import torch
 import fa4
 from fa4.bench_kvcache import captured, graph_ms
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(__file__))
+import decode_cases  # noqa: E402
 from decode_cases import case_tensors  # noqa: E402
 
 
@@ -41,7 +43,7 @@ def spacers():
 
 
 def best_us(fn) -> float:
-    return min(graph_ms(fn, 10) for _ in range(5)) * 1e3
+    return decode_cases.best_us(graph_ms, fn)
 
 
 def profile(cases):
@@ -59,8 +61,8 @@ def profile(cases):
             for before, e in zip(events, events[1:]):
                 spans.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
                 gaps.setdefault(e.name, []).append(e.time_range.start - before.time_range.end)
-            period = (events[-1].time_range.start - events[0].time_range.start) / 19.5
-            print(f"{case} {name} + add_: {period:.2f} us per (call, add_)")
+            period = (events[-1].time_range.end - events[0].time_range.start) / 20
+            print(f"{case} {name} + add_: {period:.2f} us per (call, add_), first start to last end")
             for kname in spans:
                 print(f"   span {sum(spans[kname]) / len(spans[kname]):6.2f} us, gap before "
                       f"{sum(gaps[kname]) / len(gaps[kname]):5.2f}: {kname[:100]}")
