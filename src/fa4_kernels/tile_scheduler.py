@@ -50,14 +50,19 @@ UNBOUNDED_BLOCKS = 1 << 30  # the K/V block bound of a whole tile
 SEQ_ORDER_IN_KERNEL = 128
 
 
-def scale_piece(lo, hi, n_blocks, n_bound):
+def scale_piece(lo, hi, n_blocks, n_bound, by_n_bound=None):
     """A split piece [lo, hi) counted in n_bound blocks (a KV cache's capacity), scaled onto a
-    sequence of n_blocks blocks: [lo * n_blocks // n_bound, hi * n_blocks // n_bound). The pieces
-    of one tile partition [0, n_bound), so the scaled ones partition [0, n_blocks) (some empty),
-    each about its share of the sequence's blocks. hi is clamped to n_bound first (a whole tile's
-    bound is UNBOUNDED_BLOCKS). Integer arithmetic: DSL integers in the kernel, ints on the CPU."""
-    hi = cutlass.min(hi, n_bound)
-    return lo * n_blocks // n_bound, hi * n_blocks // n_bound
+    sequence of n_blocks >= 1 blocks: [lo * n_blocks // n_bound, hi * n_blocks // n_bound). The
+    pieces of one tile partition [0, n_bound), so the scaled ones partition [0, n_blocks) (some
+    empty), each about its share of the sequence's blocks. hi is clamped to [0, n_bound] first (a
+    whole tile's bound is UNBOUNDED_BLOCKS; a piece past a CTA's share may end below 0, and stays
+    empty: lo >= 0). ``by_n_bound``: n_bound's FastDivmod divisor (the split's plan), whose
+    division is unsigned: a multiply-high and a shift where the kernel would otherwise divide after
+    its cache_seqlens load, on the way to its first K load. Integer arithmetic: DSL integers in
+    the kernel, ints on the CPU."""
+    hi = cutlass.max(cutlass.min(hi, n_bound), 0)
+    by = n_bound if by_n_bound is None else by_n_bound
+    return lo * n_blocks // by, hi * n_blocks // by
 
 
 @dataclass(frozen=True)
@@ -124,12 +129,13 @@ class SplitTail:
         ctas = cutlass.max(self.ctas, 1)
         return self.units // ctas, self.units % ctas
 
-    def _by_n_blocks(self):
+    def by_n_blocks(self):
+        """n_blocks as a divisor: the plan's FastDivmod one, or the integer."""
         return self.plan[5] if self.plan is not None else self.n_blocks
 
     def tail_tiles(self):
         """Tiles in the split tail."""
-        return self.units // self._by_n_blocks()
+        return self.units // self.by_n_blocks()
 
     def start(self, cta):
         """First unit of ``cta``'s share (``units`` for CTAs beyond ``ctas``)."""
@@ -141,7 +147,7 @@ class SplitTail:
         """This split with ``cta``'s share fixed (CTAs past ``ctas`` get an empty share)."""
         first = self.start(cta)
         return replace(self, cta=cta, rounds=self.full_rounds, split=cutlass.min(self.ctas, 1), first=first,
-                       end=self.start(cta + 1), first_tile=first // self._by_n_blocks())
+                       end=self.start(cta + 1), first_tile=first // self.by_n_blocks())
 
     def in_tail(self, item):
         """1 when the CTA's ``item``-th piece of work comes from a split tail, else 0."""
@@ -200,7 +206,7 @@ class SplitTail:
         """For ``cta``'s merging piece (its last, cut at its share's end): how many CTAs after
         it hold the rest of that tile, each as a written partial (their first pieces)."""
         end = self.start(cta + 1)
-        tile_end = (end // self._by_n_blocks() + 1) * self.n_blocks
+        tile_end = (end // self.by_n_blocks() + 1) * self.n_blocks
         return self.owner(tile_end - 1) - cta
 
 

@@ -342,6 +342,15 @@ class FlashAttentionForwardSm90:
             return PagedKV.capacity(mPageTable, page_size + loop_bound_zero(m_block))
         return seqlen_k
 
+    def by_bound_blocks(self, scheduler: StaticPersistentScheduler):
+        """A KV cache's capacity in K/V blocks as the split plan's FastDivmod divisor (the split's
+        blocks are the capacity's), for block_range's scaling of a piece onto its sequence: it
+        divides after the producer's cache_seqlens load, on the way to the first K load, where
+        two signed divisions took ~130 instructions (sass). None where nothing is scaled."""
+        if const_expr(self.split_tail and self.kv_cache):
+            return scheduler.split.by_n_blocks()
+        return None
+
     def tile_view(self, t: cute.Tensor, head, batch_idx, offset):
         """(seqlen, dim) slice of a (seqlen, dim, head, batch) tensor for one sequence."""
         if const_expr(self.is_varlen):
@@ -774,6 +783,14 @@ class FlashAttentionForwardSm90:
         self.wait_previous_grid()
         while valid:
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
+            if const_expr(self.kv_cache):
+                # The page table entry of the block this tile loads first, were its sequence as
+                # long as the capacity (always right for a contiguous cache, whose one column
+                # every block reads), into L1 beside the cache_seqlens load: the entry's own load
+                # waits for that one and its arithmetic, and missed then. Issued before it: placed
+                # after it in the source, ptxas sank the prefetch to just before that load.
+                first_guess = cutlass.max(cutlass.min(kv_hi, cute.ceil_div(bound, self.tile_n)) - 1, 0)
+                PagedKV(kv_cache[0], kv_cache[1], batch_idx, bound, self.tile_n).prefetch(first_guess)
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
@@ -784,7 +801,7 @@ class FlashAttentionForwardSm90:
                 tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
             )
             block_at, num_steps = self.visiting_order(block_info, seq, shift, m_block, head_idx, batch_idx, kv_lo,
-                                                      kv_hi, sparse_tables, bound)
+                                                      kv_hi, sparse_tables, bound, self.by_bound_blocks(scheduler))
             if const_expr(self.kv_cache):
                 # K/V blocks by page boxes; a block's page table entries are prefetched into L1
                 # before the wait for its K stage (ahead_of).
@@ -1035,7 +1052,7 @@ class FlashAttentionForwardSm90:
                 first_bits = mask.load_bits(mBits, sparse.first_slot, thr_mma_qk)
             else:
                 n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
-                                                            kv_lo, kv_hi, bound)
+                                                            kv_lo, kv_hi, bound, self.by_bound_blocks(scheduler))
             if const_expr(self.trace):
                 tracer.blocks(trace_slot, n_block_min, n_block_max)
             patched = Int32(0)  # the append twin: 1 where the appended rows go into the first block's stages
@@ -1458,7 +1475,7 @@ class FlashAttentionForwardSm90:
         return m_block, head_idx, batch_idx, kv_lo, kv_hi, valid and in_share
 
     def visiting_order(self, block_info: BlockInfo, seq: SeqlenInfo, shift, m_block, head_idx, batch_idx, kv_lo,
-                       kv_hi, sparse_tables, seqlen_k_bound):
+                       kv_hi, sparse_tables, seqlen_k_bound, by_bound_blocks=None):
         """(block_at, num_steps): the i-th K/V block a tile visits, and how many it visits. Dense:
         its block range from the last block down (on the causal diagonal the masked block comes
         first, in the step nothing overlaps); block-sparse: its row of the tables (partial
@@ -1469,13 +1486,15 @@ class FlashAttentionForwardSm90:
             n_blocks = cute.ceil_div(seq.seqlen_k, self.tile_n)
             return (lambda i: sparse.n_block(i, n_blocks)), sparse.num_total
         n_block_min, n_block_max = self.block_range(block_info, seq.seqlen_q + shift, seq.seqlen_k, m_block,
-                                                    kv_lo, kv_hi, seqlen_k_bound)
+                                                    kv_lo, kv_hi, seqlen_k_bound, by_bound_blocks)
         return (lambda i: n_block_max - 1 - i), n_block_max - n_block_min
 
-    def block_range(self, block_info: BlockInfo, seqlen_q, seqlen_k, m_block, kv_lo, kv_hi, seqlen_k_bound):
+    def block_range(self, block_info: BlockInfo, seqlen_q, seqlen_k, m_block, kv_lo, kv_hi, seqlen_k_bound,
+                    by_bound_blocks=None):
         """The tile's K/V block range, cut to the piece [kv_lo, kv_hi) when the tail is split.
         ``seqlen_k_bound``: the keys the split's blocks were counted from (every tile's seqlen_k
-        for dense calls; a KV cache's capacity, whose sequences may be shorter)."""
+        for dense calls; a KV cache's capacity, whose sequences may be shorter), and
+        ``by_bound_blocks`` its blocks as a divisor (by_bound_blocks)."""
         n_block_min, n_block_max = block_info.n_block_range(seqlen_q, seqlen_k, m_block)
         if const_expr(self.split_tail):
             if const_expr(self.kv_cache):
@@ -1485,7 +1504,7 @@ class FlashAttentionForwardSm90:
                 # loaded): a partial with no weight.
                 n_seq = n_block_max
                 kv_lo, kv_hi = scale_piece(kv_lo, kv_hi, n_block_max - n_block_min,
-                                           cute.ceil_div(seqlen_k_bound, self.tile_n))
+                                           cute.ceil_div(seqlen_k_bound, self.tile_n), by_bound_blocks)
                 n_block_min, n_block_max = n_block_min + kv_lo, n_block_min + kv_hi
                 empty = cutlass.min(cutlass.max(n_block_min - n_block_max + 1, 0), 1)
                 n_block_min = n_block_min + empty * (n_seq - n_block_min)
