@@ -4,7 +4,7 @@ Masks are aligned to the bottom-right corner when seqlen_q != seqlen_k (as Flash
 does): query row i may see key j iff  i + (seqlen_k - seqlen_q) - window_left <= j
 <= i + (seqlen_k - seqlen_q) + window_right. Causal is window (inf, 0).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import cutlass
@@ -22,6 +22,12 @@ class BlockInfo:
     is_local: cutlass.Constexpr[bool]
     window_left: Optional[Int32] = None  # local only; already clamped to >= 0 on the host
     window_right: Optional[Int32] = None
+
+    def for_rows(self, rows):
+        """This BlockInfo with ``rows``' (a TileRows) block_rows: the forward builds it per tile,
+        from the tile's rows, so that no value derived from pack_gqa is held from before the
+        roles split (ptxas spilled one such value in hd192x192's window kernels with softcap)."""
+        return replace(self, block_rows=rows.block_rows)
 
     def n_block_range(self, seqlen_q, seqlen_k, m_block):
         """[n_block_min, n_block_max) of K/V blocks with at least one visible key.

@@ -273,6 +273,11 @@ def test_kv_cache_pieces_scaled_onto_shorter_sequences_cover_them_once():
                 assert b - a <= -(-(hi - lo) * n_seq[tile] // n_bound) + 1  # about its share
         for tile, blocks in covered.items():
             assert sorted(blocks) == list(range(n_seq[tile])), (num_tiles, grid, n_bound, tail_ctas, tile)
+    # A piece past a CTA's share may end below 0: it scales to an empty piece (the kernel's
+    # FastDivmod division is unsigned, so the end is clamped to 0 before it divides).
+    for lo, hi in [(0, -5), (3, -1), (2, 0)]:
+        a, b = scale_piece(lo, hi, 7, 16, by_n_bound=16)
+        assert b <= a and b >= 0, (lo, hi, a, b)
 
 
 @pytest.mark.parametrize("blocks,heads,batches,q_per_kv",

@@ -666,8 +666,9 @@ class FlashAttentionForwardSm90:
             sO_parts = sO
         sLSE = storage.sLSE.get_tensor(cute.make_layout(self.tile_m)) if const_expr(self.lse_bulk_store) else None
 
+        # block_rows is set per tile, from the tile's rows (BlockInfo.for_rows).
         block_info = BlockInfo(
-            block_rows(self.tile_m, pack_gqa), self.tile_n, self.is_causal, self.is_local,
+            None, self.tile_n, self.is_causal, self.is_local,
             window_left if const_expr(self.is_local) else None,
             window_right if const_expr(self.is_local) else None,
         )
@@ -800,8 +801,9 @@ class FlashAttentionForwardSm90:
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
             )
-            block_at, num_steps = self.visiting_order(block_info, seq, shift, m_block, head_idx, batch_idx, kv_lo,
-                                                      kv_hi, sparse_tables, bound, self.by_bound_blocks(scheduler))
+            block_at, num_steps = self.visiting_order(block_info.for_rows(rows), seq, shift, m_block, head_idx,
+                                                      batch_idx, kv_lo, kv_hi, sparse_tables, bound,
+                                                      self.by_bound_blocks(scheduler))
             if const_expr(self.kv_cache):
                 # K/V blocks by page boxes; a block's page table entries are prefetched into L1
                 # before the wait for its K stage (ahead_of).
@@ -1039,6 +1041,7 @@ class FlashAttentionForwardSm90:
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
             seqlen_q_tiled = seq.seqlen_q + shift  # what K/V block ranges see
+            tile_blocks = block_info.for_rows(rows)
             mask = AttentionMask(self.tile_m, self.tile_n, seq.seqlen_q, seq.seqlen_k, rows.pack_log2,
                                  block_info.window_left, block_info.window_right)
             if const_expr(self.block_sparse):
@@ -1051,7 +1054,7 @@ class FlashAttentionForwardSm90:
                 # The first block's bits, loaded under the waits for Q and K.
                 first_bits = mask.load_bits(mBits, sparse.first_slot, thr_mma_qk)
             else:
-                n_block_min, n_block_max = self.block_range(block_info, seqlen_q_tiled, seq.seqlen_k, m_block,
+                n_block_min, n_block_max = self.block_range(tile_blocks, seqlen_q_tiled, seq.seqlen_k, m_block,
                                                             kv_lo, kv_hi, bound, self.by_bound_blocks(scheduler))
             if const_expr(self.trace):
                 tracer.blocks(trace_slot, n_block_min, n_block_max)
@@ -1113,7 +1116,7 @@ class FlashAttentionForwardSm90:
                 # does: it sits out the tile's first (rightmost) blocks that hide all its keys
                 # (hd64's 192-row tiles: 9 of 81 warpgroup-blocks at seqlen 1k). It still takes
                 # its turns in the round-robin and releases their stages (see skip_blocks).
-                skipped = n_block_max - self.warpgroup_n_block_max(block_info, rows, wg_idx, seq, n_block_min,
+                skipped = n_block_max - self.warpgroup_n_block_max(tile_blocks, rows, wg_idx, seq, n_block_min,
                                                                    n_block_max)
                 n_block_max -= skipped
                 kv_state = self.skip_blocks(kv_state, skipped, pipeline_k)
@@ -1226,12 +1229,12 @@ class FlashAttentionForwardSm90:
                 # Blocks on the causal/local diagonal (right edge) need the per-element mask ...
                 n_block_max_unmasked = n_block_max - 1
                 if const_expr(self.is_causal or self.is_local):
-                    n_right = block_info.n_block_min_right_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
+                    n_right = tile_blocks.n_block_min_right_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
                     for i in cutlass.range(cutlass.max(n_block_max_unmasked - n_right, 0), unroll=1):
                         kv_state = step(kv_state, n_block_max_unmasked - 1 - i, True, False)
                     n_block_max_unmasked = cutlass.min(n_block_max_unmasked, n_right)
                 # ... the interior does not ...
-                n_left = block_info.n_block_min_no_left_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
+                n_left = tile_blocks.n_block_min_no_left_mask(seqlen_q_tiled, seq.seqlen_k, m_block, n_block_min)
                 for i in cutlass.range(n_block_max_unmasked - n_left, unroll=1):
                     kv_state = step(kv_state, n_block_max_unmasked - 1 - i, False, False)
                 # ... and a local window's left edge does again.
