@@ -75,6 +75,11 @@ class FwdConfig:
     # set-up. With few_rows_from_registers and the merger's 32 ns poll (split_partials), same
     # H100 call, CUDA-graph us per call: 1x4k 13.1-13.7 -> 11.5-12.4 (SDPA 11.2-12.2 beside),
     # 1x32k 54.0-54.8 -> 53.3-53.9 (SDPA 52.6-53.5); the traced makespan moved 0.43 us of that.
+    # ptxas had still hoisted the wait above most of that arithmetic (ACQBULK 146 instructions
+    # before the producer's cache_seqlens load, bf16 hd128); since session 68 the wait takes its
+    # results as inputs (ptx.grid_wait_after: 27 there). Same H100 call, two alternations, graph
+    # us: 1x4k 9.62-9.68 -> 9.55, 1x32k 50.88-50.90 -> 50.68-50.70, 64x4k 348.2-349.0 -> 347.0-347.1
+    # (SDPA 9.65-9.67, 50.77-50.85, 349.6-350.7); between other kernels unchanged, as expected.
     pdl: bool = False
     # A tile whose heads hold at most half their rows' queries (a decoding step's pack-GQA tile:
     # one row in 16 per head) stores O straight from the accumulator registers, each live row's

@@ -45,6 +45,21 @@ def loop_bound_zero(x: Int32, *, loc=None, ip=None) -> Int32:
                             "=r,r", (Int32(x),), volatile=True, loc=loc, ip=ip))
 
 
+@dsl_user_op
+def grid_wait_after(values, *, loc=None, ip=None) -> None:
+    """``griddepcontrol.wait`` (programmatic dependent launch: the previous grid done and its
+    writes visible) placed after the arithmetic that produces ``values`` (Int32s), so that it
+    overlaps the previous kernel's end. The wait is predicated on every value differing from
+    INT32_MIN, which callers' values (indices and counts) never equal: ptxas must compute them
+    first. Unpredicated (the DSL's own wait, or this asm with unused inputs), ptxas hoisted the
+    wait above a decoding tile's schedule arithmetic (~130 instructions), which then ran between
+    the wait and the first load. A memory clobber keeps every load after it."""
+    checks = "".join(f"setp.ne.and.s32 p, ${i}, -2147483648, p;\n" for i in range(1, len(values)))
+    asm = ("{\n.reg .pred p;\nsetp.ne.s32 p, $0, -2147483648;\n" + checks + "@p griddepcontrol.wait;\n}")
+    constraints = ",".join(["r"] * len(values) + ["~{memory}"])
+    inline_asm(None, asm, constraints, [Int32(v) for v in values], volatile=True, loc=loc, ip=ip)
+
+
 # Polls (each after a ~0.1-1 us nanosleep) before a waiter gives up on a flag or counter and traps:
 # tens of seconds, far beyond any real wait. A writer that never comes is a bug, and an error from
 # the launch is better than a hang.

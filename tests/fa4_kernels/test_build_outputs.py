@@ -91,3 +91,27 @@ def test_every_shipped_object_uses_hopper_instructions():
         col = header.index("LDL/STL")
         spilling = {row[0]: int(row[col]) for row in rows if row[col] != "0"}
         assert not spilling, spilling
+
+
+@built
+@pytest.mark.skipif(_sass_tool() is None, reason="../shared/tools/sass_report.py not present")
+def test_kv_cache_producer_waits_for_the_previous_grid_after_its_schedule_arithmetic(tmp_path):
+    """KV-cache kernels launch with programmatic dependent launch: what runs before the wait for
+    the previous grid (ACQBULK) overlaps that grid's end. The producer's first tile's schedule
+    arithmetic must sit there, not between the wait and the cache_seqlens load (ptx.grid_wait_after:
+    without it ptxas put ~146 instructions there in the bf16 hd128 kernel, with it 27)."""
+    objects = sorted((ROOT / "build" / "aot").rglob("fa4_fwd_sm_90a_bf16_d128x128_none_kvcache.o"))
+    if not objects:
+        pytest.skip("the bf16 hd128 KV-cache kernel was not built")
+    subprocess.run([sys.executable, str(_sass_tool()), "--dump", str(tmp_path), str(objects[0])], capture_output=True,
+                   check=True)
+    bundled = [sp / "nvidia" / "cu13" / "bin" / "nvdisasm" for sp in map(Path, sys.path)]
+    nvdisasm = shutil.which("nvdisasm") or next((str(p) for p in bundled if p.exists()), None)
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not installed")
+    cubin = next(tmp_path.glob("*.cubin"))
+    sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    instructions = [line for line in sass.splitlines() if line.strip().startswith("/*") and ";" in line]
+    wait = next(i for i, line in enumerate(instructions) if "ACQBULK" in line)
+    first_load = next(i for i, line in enumerate(instructions) if i > wait and "LDG" in line)
+    assert first_load - wait < 60, (wait, first_load)

@@ -54,7 +54,7 @@ from fa4_kernels.hopper_mma import (
 )
 from fa4_kernels.mask import AttentionMask
 from fa4_kernels.named_barrier import FwdBarrier
-from fa4_kernels.ptx import bulk_store_s2g, fence_proxy_async_global, loop_bound_zero
+from fa4_kernels.ptx import bulk_store_s2g, fence_proxy_async_global, grid_wait_after, loop_bound_zero
 from fa4_kernels.score_mod import TENSOR_KINDS, ScoreBias
 from fa4_kernels.seqlen_info import SeqlenInfo
 from fa4_kernels.softmax import OnlineSoftmax
@@ -782,19 +782,9 @@ class FlashAttentionForwardSm90:
         if const_expr(self.trace and self.dynamic_schedule):
             dealt = deal_round_robin(mSemaphores)
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(scheduler, cursor, sparse_tables)
-        self.wait_previous_grid()
+        self.wait_previous_grid((m_block, head_idx, batch_idx, kv_lo, kv_hi))
         while valid:
             bound = self.kv_bound_of_tile(seqlen_k, kv_cache, m_block)
-            if const_expr(self.kv_cache):
-                # The page table entry of the block this tile loads first, were its sequence as
-                # long as the capacity (always right for a contiguous cache, whose one column
-                # every block reads), into L1 beside the cache_seqlens load, so that the entry's
-                # own load (after that one and its arithmetic) need not miss. Issued before it:
-                # placed after it in the source, ptxas sank the prefetch to just before that load.
-                # Measured neutral on a contiguous 1 x 4k call (first K landed 1.75 -> 1.71-1.74 us
-                # after the tile's start, H100): that entry's line was not what the wait was.
-                first_guess = cutlass.max(cutlass.min(kv_hi, cute.ceil_div(bound, self.tile_n)) - 1, 0)
-                PagedKV(kv_cache[0], kv_cache[1], batch_idx, bound, self.tile_n).prefetch(first_guess)
             seq = self.seqlen_info(batch_idx, seqlen_q, bound, *seqlens)
             head_idx_kv = head_idx * pack_gqa // qhead_per_kvhead
             rows, shift = self.tile_rows(pack_gqa, m_block, head_idx, seq.seqlen_q)
@@ -918,13 +908,14 @@ class FlashAttentionForwardSm90:
                                 (cursor, m_block, head_idx, batch_idx, cutlass.select_(valid, Int32(1), Int32(0))))
                 handoffs += 1
 
-    def wait_previous_grid(self):
+    def wait_previous_grid(self, after):
         """FwdConfig.pdl: wait until the previous kernel in the stream has completed and its
         writes are visible. Each role calls it before its first global access (cache_seqlens
         and the cache itself may be what that kernel wrote), after its set-up and the first
-        tile's schedule arithmetic, which read only the kernel's parameters."""
+        tile's schedule arithmetic, which read only the kernel's parameters: ``after``, that
+        arithmetic's results, which the wait takes as inputs to keep it there (ptx.grid_wait_after)."""
         if const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
+            grid_wait_after(after)
 
     @cute.jit
     def wait_o_stored(self, o_free_mbar: cute.Pointer, first_v, tiles_loaded: Int32):
@@ -1035,7 +1026,7 @@ class FlashAttentionForwardSm90:
         prologue = None
         if const_expr(self.trace):
             prologue = (*prologue_ns, consume_ns, global_ns())
-        self.wait_previous_grid()
+        self.wait_previous_grid((m_block, head_idx, batch_idx, kv_lo, kv_hi))
         while valid:
             trace_slot = Int32(-1)
             if const_expr(self.trace):
