@@ -913,7 +913,9 @@ class FlashAttentionForwardSm90:
         writes are visible. Each role calls it before its first global access (cache_seqlens
         and the cache itself may be what that kernel wrote), after its set-up and the first
         tile's schedule arithmetic, which read only the kernel's parameters: ``after``, that
-        arithmetic's results, which the wait takes as inputs to keep it there (ptx.grid_wait_after)."""
+        arithmetic's results, which the wait takes as inputs to keep it there (ptx.grid_wait_after,
+        which skips the wait if one equals INT32_MIN: a valid work item's indices and block
+        bounds are >= 0, and a role with no valid item reads no global memory after it)."""
         if const_expr(self.pdl):
             grid_wait_after(after)
 
