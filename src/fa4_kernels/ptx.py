@@ -52,8 +52,9 @@ def grid_wait_after(values, *, loc=None, ip=None) -> None:
     overlaps the previous kernel's end. The wait is predicated on every value differing from
     INT32_MIN, which callers' values (indices and counts) never equal: ptxas must compute them
     first. Unpredicated (the DSL's own wait, or this asm with unused inputs), ptxas hoisted the
-    wait above a decoding tile's schedule arithmetic (~130 instructions), which then ran between
-    the wait and the first load. A memory clobber keeps every load after it."""
+    wait above a decoding tile's schedule arithmetic, which then ran between the wait and the
+    first load (146 instructions before the bf16 hd128 KV-cache kernel's cache_seqlens load; 27
+    with this). A memory clobber keeps every load after it."""
     checks = "".join(f"setp.ne.and.s32 p, ${i}, -2147483648, p;\n" for i in range(1, len(values)))
     asm = ("{\n.reg .pred p;\nsetp.ne.s32 p, $0, -2147483648;\n" + checks + "@p griddepcontrol.wait;\n}")
     constraints = ",".join(["r"] * len(values) + ["~{memory}"])
