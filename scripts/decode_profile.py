@@ -1,10 +1,11 @@
-"""One KV-cache decoding shape (bf16 hd128, 32/8 heads, one query token or SEQLEN_Q causal ones:
-speculative verification), for profilers: the kernels each call launches and their GPU times
-(torch.profiler over CUDA-graph replays) and the boundaries between them (programmatic dependent
-launch lets a kernel start before its predecessor ends), fa4 beside SDPA; or, with ``ncu``, just
-the calls to profile.
+"""One KV-cache decoding shape (bf16 hd128, 32/8 heads or HEADS_Q/HEADS_KV, one query token or
+SEQLEN_Q causal ones: speculative verification), for profilers: the kernels each call launches
+and their GPU times (torch.profiler over CUDA-graph replays) and the boundaries between them
+(programmatic dependent launch lets a kernel start before its predecessor ends), fa4 beside SDPA;
+or, with ``ncu``, just the calls to profile.
 
-    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa|trace] [NUM_SPLITS[,NUM_SPLITS...]] [SEQLEN_Q]
+    python3 scripts/decode_profile.py BATCH LENGTH [kernels|fa4|sdpa|trace] [NUM_SPLITS[,NUM_SPLITS...]] \
+        [SEQLEN_Q] [HEADS_Q/HEADS_KV]
     ncu --clock-control none -k regex:kvcache --launch-skip 3 --launch-count 1 \
         python3 scripts/decode_profile.py 1 4096 fa4
 """
@@ -20,9 +21,10 @@ batch, length = int(sys.argv[1]), int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else "kernels"
 split_counts = [int(n) for n in sys.argv[4].split(",")] if len(sys.argv) > 4 else [0]
 seqlen_q = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+heads_q, heads_kv = (int(h) for h in (sys.argv[6] if len(sys.argv) > 6 else "32/8").split("/"))
 gen = torch.Generator(device="cuda").manual_seed(0)
-k, v = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-q = torch.randn(batch, seqlen_q, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+k, v = (torch.randn(batch, length, heads_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+q = torch.randn(batch, seqlen_q, heads_q, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
 lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
 # The queries are the sequence's last seqlen_q keys' tokens: causal, aligned to the bottom right
 # (as attention_with_kvcache's default); one token sees every key.
@@ -48,7 +50,7 @@ if mode == "trace":  # the trace twin's timeline of a few eager calls (fa4.trace
         fields = ("makespan_us", "q_wait_us_mean", "k_wait_us_mean", "after_blocks_us_mean", "merge_wait_us_mean",
                   "merge_us_mean", "prologue_us_mean", "setup_us_mean", "role_us_mean", "schedule_us_mean",
                   "grid_wait_us_mean", "entry_spread_us", "entry_to_end_us")
-        print(f"trace {batch}x{length} q{seqlen_q} splits={n}: " + ", ".join(
+        print(f"trace {batch}x{length} q{seqlen_q} {heads_q}/{heads_kv} splits={n}: " + ", ".join(
             f"{f} {sum(t.get(f, 0.0) for t in traced) / len(traced):.2f}" for f in fields))
     sys.exit(0)
 if mode in ("fa4", "sdpa"):  # fa4: the first split count's call
@@ -68,8 +70,8 @@ for name, call in calls.items():
     end.record()
     torch.cuda.synchronize()
     per_call = start.elapsed_time(end) / 20 * 1e3
-    moved = 2 * batch * length * 8 * 128 * 2
-    print(f"{name} {batch}x{length} q{seqlen_q}: {per_call:.1f} us per call in a graph "
+    moved = 2 * batch * length * heads_kv * 128 * 2
+    print(f"{name} {batch}x{length} q{seqlen_q} {heads_q}/{heads_kv}: {per_call:.1f} us per call in a graph "
           f"({moved / per_call / 1e3:.0f} GB/s)")
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels = {}
