@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for issues 26 and 23 that is worth its start on either kind of GPU (starts are
-# scarce: session 70 got none in 13 tries):
+# scarce: session 70 got none in 15 asks, docs/perf_notes.md):
 # - on an H200, the issues' device: the decoding table (`fa4.bench --decode`) and the backward
 #   table (`--backward`, hd 64/128/256; fa4, its deterministic mode and cuDNN) from main's full
 #   library in torch_ops/fa4/_native, then scripts/decode_ab.sh over the KV-cache builds named;
