@@ -799,13 +799,17 @@ void run_forward(Tensor q, Tensor k, Tensor v, const Tensor &out, const Tensor &
   // Forced packing runs in the family whose tiles stack the group; the automatic choice in the
   // one whose tiles pack the most heads.
   const int32_t head_rows = cache ? fa4_kv_cache_head_rows : FA4_Q_PIECE_ROWS;
-  int32_t index = c.family[fa4_packing_family(hq, hkv, longest_q, tile_m_of(FA4_TILES_REGULAR),
-                                              tile_m_of(FA4_TILES_SHORT), tile_m_of(FA4_TILES_LONG), head_rows,
-                                              override)];
+  // A KV cache's long tiles (chunked prefill) are chosen with each family's own packing.
+  int32_t index = c.family[cache ? fa4_kv_cache_tile_family(hq, hkv, longest_q, sk, tile_m_of(FA4_TILES_REGULAR),
+                                                            tile_m_of(FA4_TILES_LONG), head_rows, override, tune.tiles)
+                                 : fa4_packing_family(hq, hkv, longest_q, tile_m_of(FA4_TILES_REGULAR),
+                                                      tile_m_of(FA4_TILES_SHORT), tile_m_of(FA4_TILES_LONG), head_rows,
+                                                      override)];
   int32_t packed = 1;
   FA4_VALUE(fa4_pack_gqa_factor(hq, hkv, longest_q, fa4_variants[index].tile_m, head_rows, override, &packed) == 0,
             fa4_rules_error());
-  if (index == c.family[FA4_TILES_REGULAR] && (c.family[FA4_TILES_SHORT] >= 0 || c.family[FA4_TILES_LONG] >= 0)) {
+  if (!cache && index == c.family[FA4_TILES_REGULAR] &&
+      (c.family[FA4_TILES_SHORT] >= 0 || c.family[FA4_TILES_LONG] >= 0)) {
     int32_t tiles = fa4_tile_family(longest_q, sk, packed, fa4_variants[index].tile_m, tile_m_of(FA4_TILES_SHORT),
                                     tile_m_of(FA4_TILES_LONG), tune.tiles, mask.kind);
     if (tiles != FA4_TILES_REGULAR) {

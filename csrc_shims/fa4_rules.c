@@ -202,6 +202,35 @@ int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, 
   return best;
 }
 
+/* The KV cache's tile family (its "long" tiles: catalog.KV_CACHE_TILE_FAMILIES): the taller
+ * tiles of two or three consumer warpgroups where they hold a call's rows at least
+ * KV_LONG_MIN_FILL as fully as the 64-row ones, each family with its own pack-GQA factor
+ * (fa4_pack_gqa_factor, pack_override as there), and keys from LONG_SEQ_MIN_K on, as for dense
+ * calls (seqlen_k: the cache's capacity). A row costs the 64-row tiles' one warpgroup about 1.8x
+ * what it costs the dense kernel's tiles on chunked prefill (session 64, H100, bf16 hd128, 32/8
+ * heads, 2048 queries against a 32k cache, causal: 356 TFLOP/s against 651 for the dense forward
+ * on the same tensors), so the taller tiles pay down to about 1 / 1.8 of the fill; the threshold
+ * keeps a margin and stays above the 1/2 of every call with up to 64 rows per K/V head (decoding,
+ * speculative verification), which the 64-row tiles were built for (heuristics.
+ * kv_cache_fwd_config). Not measured at partial fills (docs/perf_notes.md, session 71). override
+ * (FA4_TILES) as in fa4_tile_family. */
+#define KV_LONG_MIN_FILL 0.75
+
+int32_t fa4_kv_cache_tile_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                 int32_t tile_m, int32_t long_tile_m, int32_t head_rows, int32_t pack_override,
+                                 int32_t override) {
+  if (override != FA4_AUTO) return override == FA4_TILES_LONG && long_tile_m ? FA4_TILES_LONG : FA4_TILES_REGULAR;
+  int32_t packed = 1, packed_long = 1;
+  if (!long_tile_m || seqlen_k < LONG_SEQ_MIN_K ||
+      fa4_pack_gqa_factor(heads_q, heads_kv, seqlen_q, tile_m, head_rows, pack_override, &packed) ||
+      fa4_pack_gqa_factor(heads_q, heads_kv, seqlen_q, long_tile_m, head_rows, pack_override, &packed_long))
+    return FA4_TILES_REGULAR;  /* (a refused pack_gqa=True is the caller's to report) */
+  seqlen_q = max64(seqlen_q, 1);
+  double fill = fa4_tile_fill(seqlen_q * packed, tile_m);
+  return fa4_tile_fill(seqlen_q * packed_long, long_tile_m) >= KV_LONG_MIN_FILL * fill ? FA4_TILES_LONG
+                                                                                        : FA4_TILES_REGULAR;
+}
+
 /* ------------------------------------------------------------------- tile order, grid */
 /* Bytes of K/V one swizzle group of the tile order may hold in L2.
  * No mask (static schedule, equal tiles), measured on an H200 (60 MB L2), hd128 bf16, 16k

@@ -57,6 +57,12 @@ int32_t fa4_pack_gqa_factor(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,
  * fa4_tile_family (fa4_rules.c). */
 int32_t fa4_packing_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int32_t tile_m, int32_t short_tile_m,
                            int32_t long_tile_m, int32_t head_rows, int32_t override);
+/* A KV-cache call's tile family: FA4_TILES_LONG (chunked prefill) or regular; tile_m /
+ * long_tile_m as in fa4_tile_family, head_rows and pack_override as in fa4_pack_gqa_factor,
+ * override a fa4_tile_family or FA4_AUTO (fa4_rules.c). */
+int32_t fa4_kv_cache_tile_family(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                 int32_t tile_m, int32_t long_tile_m, int32_t head_rows, int32_t pack_override,
+                                 int32_t override);
 /* Groups pack-GQA can stack at all (2, 4, 8, 16). */
 int32_t fa4_packable_group(int64_t group);
 

@@ -4,7 +4,8 @@ paged (16-, 48- and 64-row pages) and contiguous caches, appended rows written b
 and read by the producer's TMA after the KV_APPEND barrier, causal chunks of queries (static
 schedule, split like a decoding step) with appends, explicit split counts, a local window
 (dynamic schedule), page ids past the cache (clamped: no access outside it), and verification
-tiles whose pieces all merge, and groups of 16 to 64 query heads per K/V head. Calls whose rows
+tiles whose pieces all merge, groups of 16 to 64 query heads per K/V head, and chunked prefill on
+the long tiles. Calls whose rows
 see every key (one token; non-causal without a window) run the unmasked twin
 (catalog.KV_CACHE_TWIN_MASKS), with rows to append its append twin (rows copied into the loaded
 stages, or waited for where they straddle two blocks or exceed kv_cache.PATCHED_ROWS), the others
@@ -61,5 +62,17 @@ for heads_q in (32, 64, 128):
 for seqlen_new, length in ((1, 127), (16, 100), (2, 127), (17, 40)):
     new = torch.randn(b, seqlen_new, hkv, d, device=dev, dtype=bf16)
     fa4.attention_with_kvcache(q1, k, v, torch.full_like(lengths, length), k_new=new, v_new=new, cache_batch_idx=index)
+# Chunked prefill on the long tiles (two consumer warpgroups, the first zeroing stale V rows in its
+# turn: catalog.KV_CACHE_TILE_FAMILIES): causal chunks of 129 rows appended to caches of 4096 rows
+# (a sequence of 129 keys: tiles of one K/V block), contiguous and paged, and 16 tiles of 128 rows
+# whose K/V range is split.
+q129 = torch.randn(b, 129, hq, d, device=dev, dtype=bf16)
+new129 = torch.randn(b, 129, hkv, d, device=dev, dtype=bf16)
+fa4.attention_with_kvcache(q129, k, v, lengths, k_new=new129, v_new=new129, cache_batch_idx=index)
+kp, vp = (torch.randn(b * 64 + 1, 64, hkv, d, device=dev, dtype=bf16) for _ in range(2))
+table = torch.randperm(b * 64, device=dev).to(torch.int32).reshape(b, 64)
+fa4.attention_with_kvcache(q129, kp, vp, lengths, k_new=new129, v_new=new129, page_table=table, window=(300, 0),
+                           causal=False)
+fa4.attention_with_kvcache(q129[:1, :128], k[:1], v[:1], lengths[2:].clone())
 torch.cuda.synchronize()
 print("kv-cache sanitizer runs done")

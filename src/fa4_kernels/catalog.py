@@ -49,6 +49,10 @@ KV_CACHE_TWIN_MASKS = ("none",)
 # instead of its producer waiting for their cache stores. Code the other twin does without (calls
 # with nothing to append ran 0.25-0.3 us slower at 1 x 4k with it, H100 and H200, session 58);
 # appends at 1 x 4k 10.05-10.16 -> 9.82-9.88 us under CUDA graphs (H100). Not traced.
+# ... and a "long" tile family of the window kernel (heuristics.kv_cache_long_config): the dense
+# kernel's taller tiles for chunked prefill, which fa4_tile_family picks as for dense calls (keys
+# from 2048 on, unpacked queries that fill its tiles as well).
+KV_CACHE_TILE_FAMILIES = {"long": KV_CACHE_MASKS}
 # Trace variants (fa4.trace; src/fa4_kernels/trace.py): forwards that also record a timeline of
 # their tiles. The wheel ships them for these keys (dense, packed and KV-cache, with every tile
 # family built for them; the KV cache's window kernel stands for all three masks, beside its
@@ -184,6 +188,10 @@ def all_variants(archs=ARCHS, trace: str = "shipped") -> list[VariantKey]:
         VariantKey(arch, dtype, hd, hdv, mask, False, kv_cache=True, kv_append=append)
         for arch, dtype, (hd, hdv), mask, append in itertools.product(
             archs, DTYPES, HEAD_DIMS, KV_CACHE_TWIN_MASKS, (False, True))
+    ] + [
+        VariantKey(arch, dtype, hd, hdv, mask, softcap, kv_cache=True, tiles=tiles)
+        for tiles, masks in KV_CACHE_TILE_FAMILIES.items()
+        for arch, dtype, (hd, hdv), mask, softcap in itertools.product(archs, DTYPES, HEAD_DIMS, masks, (False, True))
     ]
     backward = [
         VariantKey(arch, dtype, hd, hdv, mask, softcap, varlen, kernel="bwd")

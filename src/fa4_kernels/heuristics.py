@@ -255,11 +255,13 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
     its load (H200, bf16 hd128, 32/8 heads, one token, GB/s of K+V, eager | CUDA graph: 64 x 32k
     3703 | 3434 and 1 x 32k 2377 | 2394 against SDPA's 4469 | 4461 and 3245 | 3542). Otherwise
     the dense kernel's choices for the head dims."""
-    assert key.kernel == "fwd" and key.tiles == "regular" and not key.varlen
+    assert key.kernel == "fwd" and key.tiles in ("regular", "long") and not key.varlen
     assert key.mask in catalog.KV_CACHE_MASKS or (key.mask in catalog.KV_CACHE_TWIN_MASKS and not key.softcap), \
         "KV-cache calls take their window at run time (the twins without softcap: catalog.KV_CACHE_TWIN_MASKS)"
     assert not key.kv_append or key.mask in catalog.KV_CACHE_TWIN_MASKS, "append twins: of the unmasked twins"
-    dense = fwd_config(replace(key, kv_cache=False, kv_append=False))
+    dense = fwd_config(replace(key, kv_cache=False, kv_append=False, tiles="regular"))
+    if key.tiles == "long":
+        return kv_cache_long_config(key, dense)
     # The epilogue's addresses per tile: held across the K/V loop, one of them spilled (hd128).
     # Every window is scheduled statically with the split tail (sm90/fwd.py): decoding and
     # speculative verification's few tiles then spread over the GPU, and a window's tiles are of
@@ -279,6 +281,25 @@ def kv_cache_fwd_config(key: VariantKey) -> FwdConfig:
                   distributed_merge=key.head_dim_v <= 128)
     cfg = place_buffers(cfg, key.head_dim, key.head_dim_v)
     return replace(cfg, few_rows_from_registers=few_rows_fit(cfg, key))
+
+
+def kv_cache_long_config(key: VariantKey, dense: FwdConfig) -> FwdConfig:
+    """The KV cache's "long" tiles (catalog.KV_CACHE_TILE_FAMILIES): chunked prefill, many query
+    rows of each head against a long cache, where the 64-row tiles' one consumer warpgroup left
+    the tensor cores idle through its softmax (session 64, H100, bf16 hd128, 2048 queries against
+    a 32k cache, causal: 356 TFLOP/s, against 651 for the dense forward on the same tensors). So
+    the dense kernel's tiles and K/V steps (two consumer warpgroups, three for hd64), with the
+    KV cache's static schedule and split tail: a chunk's tiles differ in length by at most its
+    own keys. Not the decoding-only parts: the distributed merge and the merger's pairs (a
+    prefill's split tiles have few pieces, where a second partial mostly repeats the first with
+    weight 0), O from registers for tiles of few rows. Every warpgroup visits every block of
+    the tile (sm90/fwd.py: the first zeroes a block's stale V rows ahead of the others)."""
+    assert key.mask in catalog.KV_CACHE_MASKS and not key.kv_append, "long KV-cache tiles: the window kernel"
+    cfg = replace(dense, skip_dead_blocks=False, split_tail=True, lse_bulk_store=False, pdl=True,
+                  rebuild_schedule=key.head_dim_v >= 192 or dense.tile_m > 128,
+                  epilogue_addresses_per_tile=key.head_dim_v <= 128)
+    cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key))
+    return place_buffers(cfg, key.head_dim, key.head_dim_v)
 
 
 def few_rows_fit(cfg: FwdConfig, key: VariantKey) -> bool:
@@ -320,12 +341,12 @@ def fwd_config(key: VariantKey) -> FwdConfig:
     # tile_size_fwd_sm90 for its register-P, intra-warpgroup-overlap configurations.
     assert key.kernel == "fwd", "fwd_config configures the forward kernel"
     assert key.tiles == "regular" or not key.varlen, "tile families are dense"
+    if key.kv_cache:
+        return kv_cache_fwd_config(key)
     assert key.tiles != "long" or key.mask != "local", "long-sequence tiles: no mask or causal"
     assert key.tiles != "short" or key.mask != "local", "short-sequence tiles: no mask or causal"
     if key.mask == "sparse":
         return sparse_fwd_config(key)
-    if key.kv_cache:
-        return kv_cache_fwd_config(key)
     if key.tiles == "short":
         assert key.head_dim == 64, "short-sequence tiles are tuned for hd64"
         # Four consumer warpgroups (256-row tiles) at 112 registers each, so S gets 64 columns.

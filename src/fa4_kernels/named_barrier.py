@@ -27,8 +27,9 @@ class FwdBarrier(enum.IntEnum):
     # KV cache (kv_cache.PagedKV.append): the consumers have written a tile's appended rows into
     # the cache and fenced them; the producer loads the tile's K/V blocks after it.
     KV_APPEND = 15
-    # KV cache (one consumer warpgroup): its stale V rows zeroed and fenced before its first P @ V
-    # (sm90/fwd.py clear_stale_v_rows). EPILOGUE_WG_SMEM_FREE's id, which it uses only after the loop.
+    # KV cache: the first consumer warpgroup's stale V rows zeroed and fenced before its first P @ V
+    # (sm90/fwd.py clear_stale_v_rows; 128 threads). EPILOGUE_WG_SMEM_FREE's id for that warpgroup,
+    # which it uses only after the loop.
     KV_STALE_ROWS = 7
 
 

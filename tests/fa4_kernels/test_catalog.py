@@ -163,10 +163,12 @@ def test_every_variant_has_a_config_that_fits_shared_memory():
         cfg = heuristics.fwd_config(key)
         # two consumer warpgroups of 64 rows; three for hd64 (short GEMMs next to the softmax) and
         # hd128's long-sequence tiles, four for hd64's short-sequence tiles; block-sparse tiles two;
-        # KV-cache tiles one
+        # KV-cache tiles one, their long ones (chunked prefill) the dense kernel's regular tiles
         regular = 192 if key.head_dim <= 64 and key.mask != "sparse" else 128
-        regular = 64 if key.kv_cache else regular
-        assert cfg.tile_m == {"short": 256, "long": 192}.get(key.tiles, regular)
+        if key.kv_cache:
+            assert cfg.tile_m == (regular if key.tiles == "long" else 64), key.name
+        else:
+            assert cfg.tile_m == {"short": 256, "long": 192}.get(key.tiles, regular)
         assert cfg.tile_n % 16 == 0 and cfg.num_stages >= 2
         assert cfg.smem_bytes(key.head_dim, key.head_dim_v) <= heuristics.SMEM_LIMIT_SM90
 
@@ -305,8 +307,10 @@ def test_schedule_rebuilt_per_tile_only_where_the_registers_need_it():
     # keep the consumers' tile boundary short.
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
-        expected = ((key.tiles == "long" and cfg.speculative_max and cfg.split_tail)
+        expected = ((key.tiles == "long" and cfg.speculative_max and cfg.split_tail and not key.kv_cache)
                     or (key.kv_cache and key.head_dim_v >= 192))
+        if key.kv_cache and key.tiles == "long":  # and hd64's 160-register consumers of three warpgroups
+            expected = key.head_dim_v >= 192 or cfg.tile_m > 128
         assert cfg.rebuild_schedule == expected, key.name
         assert not cfg.rebuild_schedule or cfg.split_tail, key.name  # the static schedule only
 
@@ -334,7 +338,8 @@ def test_split_merges_with_helpers_in_pairs_and_kv_cache_launches_programmatical
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
         assert cfg.merge_helpers == (cfg.split_tail and key.head_dim_v <= 128), key.name
-        assert cfg.merge_pairs == (key.kv_cache and key.head_dim_v <= 128), key.name
+        decoding = key.kv_cache and key.tiles == "regular"  # (chunked prefill's split tiles have few pieces)
+        assert cfg.merge_pairs == (decoding and key.head_dim_v <= 128), key.name
         assert not cfg.merge_pairs or cfg.merge_helpers, key.name
         assert cfg.pdl == key.kv_cache, key.name
 
@@ -345,7 +350,8 @@ def test_kv_cache_tiles_store_few_rows_from_registers():
     # through the staged epilogue), no other forward.
     for key in forward_variants():
         cfg = heuristics.fwd_config(key)
-        assert cfg.few_rows_from_registers == (key.kv_cache and key.head_dim_v <= 192), key.name
+        decoding = key.kv_cache and key.tiles == "regular"
+        assert cfg.few_rows_from_registers == (decoding and key.head_dim_v <= 192), key.name
         assert not (cfg.few_rows_from_registers and cfg.o_in_v), key.name
 
 
@@ -370,7 +376,7 @@ def test_lse_bulk_store_for_masked_variants_and_counted_in_shared_memory():
 def test_tile_families_are_dense_variants_beside_a_regular_one():
     variants = catalog.all_variants()
     # (trace twins: test_trace_layout; the backward's clusters: test_backward_variants_cover_...)
-    extra = [v for v in variants if v.tiles != "regular" and not v.trace and v.kernel == "fwd"]
+    extra = [v for v in variants if v.tiles != "regular" and not v.trace and v.kernel == "fwd" and not v.kv_cache]
     want = {(t, d, sc, hd, mask) for t, dims in catalog.TILE_FAMILIES.items() for d in catalog.DTYPES
             for sc in (False, True) for hd, _ in dims for mask in catalog.TILE_FAMILY_MASKS[t]}
     assert {(v.tiles, v.dtype, v.softcap, v.head_dim, v.mask) for v in extra} == want
@@ -399,8 +405,8 @@ def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
     # One consumer warpgroup (64-row tiles): a decoding tile holds one row per packed head, and
     # 128-row tiles' padding made a block's GEMMs and exponentials as long as its load
     # (heuristics.kv_cache_fwd_config). Every head dim, dtype and softcap, one mask kind (the window,
-    # taken at run time); forward only.
-    kv = [v for v in catalog.all_variants() if v.kv_cache and not v.trace]
+    # taken at run time); forward only. (The long tiles: test_kv_cache_long_tiles_are_the_dense_ones.)
+    kv = [v for v in catalog.all_variants() if v.kv_cache and not v.trace and v.tiles == "regular"]
     want = {(d, hd, hdv, mask, sc) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
             for mask in catalog.KV_CACHE_MASKS for sc in (False, True)}
     # ... and the unmasked twins of the calls whose rows see every key, without softcap.
@@ -422,3 +428,26 @@ def test_kv_cache_variants_are_one_warpgroup_forwards_of_every_dense_kind():
         dense = heuristics.fwd_config(dataclasses.replace(key, kv_cache=False, kv_append=False))
         assert (cfg.tile_m, cfg.tile_n, cfg.split_tail) == (64, dense.tile_n, True), key.name
         assert cfg.tile_n % 16 == 0  # whole 16-row page boxes (kv_cache.CHUNK_ROWS)
+
+
+def test_kv_cache_long_tiles_are_the_dense_ones():
+    # Chunked prefill (heuristics.kv_cache_long_config): the window kernel, every head dim, dtype and
+    # softcap, in the dense kernel's tiles (two or three consumer warpgroups), statically scheduled
+    # with the split tail; no warpgroup sits out blocks (the first zeroes stale V rows for all).
+    variants = catalog.all_variants()
+    long = [v for v in variants if v.kv_cache and v.tiles == "long" and not v.trace]
+    want = {(d, hd, hdv, mask, sc) for d in catalog.DTYPES for hd, hdv in catalog.HEAD_DIMS
+            for mask in catalog.KV_CACHE_TILE_FAMILIES["long"] for sc in (False, True)}
+    assert {(v.dtype, v.head_dim, v.head_dim_v, v.mask, v.softcap) for v in long} == want
+    for key in long:
+        assert key.name.endswith("_kvcache_longseq") and not key.kv_append
+        assert dataclasses.replace(key, tiles="regular") in variants
+        cfg = heuristics.fwd_config(key)
+        dense = heuristics.fwd_config(dataclasses.replace(key, kv_cache=False, tiles="regular"))
+        assert (cfg.tile_m, cfg.tile_n, cfg.pv_wait, cfg.speculative_max) == \
+            (dense.tile_m, dense.tile_n, dense.pv_wait, dense.speculative_max), key.name
+        assert cfg.tile_m > 64 and cfg.tile_n % 16 == 0, key.name
+        assert cfg.split_tail and cfg.pdl and not (cfg.skip_dead_blocks or cfg.distributed_merge), key.name
+    with pytest.raises(AssertionError, match="window kernel"):
+        heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, kv_cache=True,
+                                                 tiles="long"))

@@ -23,7 +23,8 @@ def test_trace_twins_are_forwards_beside_their_production_kernel():
         ("bf16", 128, m, False, kv) for m, kv in (("none", False), ("causal", False), ("local", True))} | {
         ("bf16", 128, m, False, True) for m in catalog.KV_CACHE_TWIN_MASKS}
     assert {(v.varlen, v.kv_cache, v.tiles) for v in twins} == {
-        (False, False, "regular"), (True, False, "regular"), (False, True, "regular"), (False, False, "long")}
+        (False, False, "regular"), (True, False, "regular"), (False, True, "regular"), (False, False, "long"),
+        (False, True, "long")}
     everything = catalog.all_variants(trace="all")
     # (the append twins excepted: traced calls run the twin they stand beside)
     assert {dataclasses.replace(v, trace=False) for v in everything if v.trace} == {

@@ -225,6 +225,68 @@ def test_head_dims(dtype, dims):
     run(2, 3, 8, 2, *dims, [77, 1000], 3, None, 1024, dtype=dtype)
 
 
+def require_long_tiles(dtype, d, dv, softcap):
+    """Skip where this build lacks the window kernel's "long" tiles (catalog.KV_CACHE_TILE_FAMILIES)."""
+    (mask,) = catalog.KV_CACHE_MASKS
+    key = catalog.VariantKey("sm_90a", DTYPE_NAMES[dtype], d, dv, mask, softcap > 0, kv_cache=True, tiles="long")
+    assert key in catalog.all_variants(), f"{key.name} is not a catalog variant"
+    if key.name not in _native.variant_index():
+        pytest.skip(f"{key.name} is not in this build")
+    return key.name
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 64, 256])
+@pytest.mark.parametrize("b, sq, lengths, append", [
+    (2, 300, [2000, 61], 300),  # a chunk appended and attended to; a sequence shorter than its chunk
+    (1, 2048, [2900], 0),
+    (3, 129, [0, 77, 3900], 5),  # tiles of one K/V block and of none
+])
+def test_chunked_prefill_runs_the_long_tiles(b, sq, lengths, append, page_size):
+    """Many causal query rows of each head against a cache of 2048+ keys run the dense kernel's
+    taller tiles (two consumer warpgroups: heuristics.kv_cache_long_config); the first warpgroup
+    zeroes the stale V rows ahead of the other (run() puts inf there)."""
+    name = require_long_tiles(torch.bfloat16, 128, 128, 0.0)
+    run(b, sq, 32, 8, 128, 128, lengths, append, page_size, 4096)
+    assert _native.last_launch("fwd")["name"] == name
+    # Few tiles (one per query head): their K/V range split over the GPU, merged by the merger.
+    run(1, 128, 16, 2, 128, 128, [3000], 0, page_size, 4096, seed=1)
+    launch = _native.last_launch("fwd")
+    assert launch["name"] == name and launch["tail_ctas"] > 0, launch
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (192, 128), (192, 192), (256, 256)])
+def test_long_tiles_head_dims(dtype, dims):
+    # hd64's tiles have three consumer warpgroups, hd256's stage O in V's buffer.
+    name = require_long_tiles(dtype, *dims, 0.0)
+    run(2, 257, 8, 2, *dims, [1500, 3333], 100, 64, 4096, dtype=dtype)
+    assert _native.last_launch("fwd")["name"] == name
+    run(1, 200, 8, 2, *dims, [2100], 0, None, 2304, dtype=dtype, num_splits=3)
+
+
+@pytest.mark.parametrize("options, kernel", [
+    (dict(window=(700, 0), causal=False), "long"), (dict(softcap=30.0), "long"),
+    (dict(window=(333, 40), causal=False, softcap=20.0), "long"),
+    (dict(causal=False), "twin"),  # every row sees every key: the unmasked twin, which has no long tiles
+])
+def test_long_tiles_window_and_softcap(options, kernel):
+    name = require_long_tiles(torch.bfloat16, 128, 128, options.get("softcap", 0.0))
+    run(2, 400, 16, 4, 128, 128, [2500, 900], 400, 16, 4096, **options)
+    launched = _native.last_launch("fwd")["name"]
+    assert (launched == name) == (kernel == "long"), launched
+
+
+@pytest.mark.parametrize("sq, group", [(1, 4), (1, 32), (3, 64)])
+def test_forced_long_tiles_pack_decoding_heads(sq, group, monkeypatch):
+    """FA4_TILES=long runs the long tiles wherever they are built, also for packed decoding tiles:
+    32, 4 and 2 rows of each head (the last two Q loaded in pieces across heads)."""
+    name = require_long_tiles(torch.bfloat16, 128, 128, 0.0)
+    monkeypatch.setenv("FA4_TILES", "long")
+    run(3, sq, 2 * group, 2, 128, 128, [0, 40, 1700], sq, 64, 2048, causal=False, window=(100, 0))
+    launch = _native.last_launch("fwd")
+    assert launch["name"] == name and launch["pack_gqa"] == group, launch
+
+
 def test_split_over_a_mostly_empty_cache():
     # Few tiles: the decode's K/V range is split over the GPU, by pieces scaled onto each
     # sequence; most pieces of the short sequence are empty.

@@ -191,6 +191,32 @@ def test_pack_gqa_factor_of_the_kv_cache_tiles(hq, hk, sq, expected):
         heuristics.pack_gqa_factor(16, 1, 1, 192, True)
 
 
+@pytest.mark.parametrize("hq, hk, sq, sk, long_tile_m, expected", [
+    (32, 8, 2048, 32768, 128, "long"),     # chunked prefill: unpacked, both full
+    (32, 8, 1, 32768, 128, "regular"),     # decoding: 4 packed rows, 1/32 of a tile against 1/16
+    (32, 8, 8, 32768, 128, "regular"),     # verification: 32 packed rows, 1/4 against 1/2
+    (32, 8, 16, 32768, 128, "regular"),    # 64 packed rows: 1/2 against 1
+    (32, 8, 32, 32768, 128, "long"),       # 128 packed rows fill both
+    (32, 8, 129, 4096, 128, "long"),       # 516 packed rows in each: 81% of 5 tiles against 90% of 9
+    (16, 2, 300, 4096, 128, "long"),       # packed only in the long tiles: 2400 rows (99%) against 300 (94%)
+    (8, 8, 100, 8192, 128, "long"),        # unpacked, 100 of 128 rows in both
+    (32, 8, 2048, 1024, 128, "regular"),   # below LONG_SEQ_MIN_K (the cache's capacity)
+    (32, 8, 2048, 32768, 0, "regular"),    # not built
+    (64, 1, 1, 32768, 128, "regular"),     # MQA decoding: 64 heads' rows, half a long tile against one
+    (8, 8, 130, 8192, 192, "long"),        # hd64's three warpgroups: 130 of 192 rows against 130 of 192
+    (8, 8, 70, 8192, 192, "regular"),      # 70 of 192 against 70 of 128
+])
+def test_kv_cache_tile_family(hq, hk, sq, sk, long_tile_m, expected):
+    """The KV cache's taller tiles (chunked prefill) where they hold a call's rows, packed or not,
+    about as fully as the 64-row decoding tiles."""
+    assert heuristics.kv_cache_tile_family(hq, hk, sq, sk, 64, long_tile_m) == expected
+    # FA4_TILES takes a family wherever it is built.
+    assert heuristics.kv_cache_tile_family(hq, hk, sq, sk, 64, long_tile_m, override="long") == \
+        ("long" if long_tile_m else "regular")
+    assert heuristics.kv_cache_tile_family(hq, hk, sq, sk, 64, long_tile_m, override="regular") == "regular"
+    assert heuristics.kv_cache_tile_family(hq, hk, sq, sk, 64, long_tile_m, override="short") == "regular"
+
+
 def test_split_tail_takes_every_sm_for_a_partial_last_round():
     split = heuristics.split_tail_ctas
     assert split(2048, 132, 32) == 132  # hd128 at 4k: 68 tiles in round 16 over all 132 SMs

@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
 from fa4 import bench_host
+from fa4.bench_kvcache import DECODE_PARTS
 
 
 DEFAULT_PROVIDERS = "fa4,cuDNN,FA2"
@@ -678,6 +679,8 @@ def main(argv=None):
     ap.add_argument("--decode", "--kvcache", dest="kvcache", action="store_true",
                     help="attention against a KV cache: decoding (contiguous and paged, beside SDPA and a device "
                          "copy), speculative verification, chunked prefill (beside cuDNN)")
+    ap.add_argument("--decode-parts", nargs="+", choices=DECODE_PARTS, default=list(DECODE_PARTS),
+                    help="with --decode: these of its tables only")
     ap.add_argument("--context-parallel", action="store_true",
                     help="ring attention (torch's context_parallel) over every visible GPU against one GPU, fa4 and "
                          "cuDNN as SDPA's kernels (needs two GPUs or more)")

@@ -23,14 +23,17 @@ pairs, beside cuDNN on the same shape (SDPA, the lower-right causal bias) and fa
 """
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa4
 
 SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 32768), (64, 4096), (64, 32768))
+DECODE_PARTS = ("decode", "speculative", "gqa", "prefill")  # the tables, in order (--decode-parts)
 
 
 def eager_ms(fn, iters: int, calls: int = 20) -> float:
@@ -180,22 +183,47 @@ def gqa_groups(args, dtype, d=128) -> None:
         torch.cuda.empty_cache()
 
 
+def with_tiles(family: str, fn):
+    """fn with FA4_TILES set to ``family`` for its calls (read per call by the native library)."""
+    def call():
+        before = os.environ.get("FA4_TILES")
+        os.environ["FA4_TILES"] = family
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ["FA4_TILES"]
+            else:
+                os.environ["FA4_TILES"] = before
+    return call
+
+
 def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=8, d=128) -> None:
-    """A 2048-token chunk against a 32k cache (the chunk's keys its last 2048 rows), causal."""
+    """A 2048-token chunk against a 32k cache (the chunk's keys its last 2048 rows), causal:
+    contiguous, paged (64-row pages), with the chunk's keys appended by the call (as a serving
+    engine's prefill step does), and the contiguous call on the 64-row decoding tiles (FA4_TILES
+    =regular) beside the automatic choice's taller ones."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     k = torch.randn(1, length, heads_kv, d, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn_like(k)
     q = torch.randn(1, chunk, heads_q, d, device="cuda", dtype=dtype, generator=gen)
     full = torch.full((1,), length, dtype=torch.int32, device="cuda")
+    before_chunk = full - chunk
+    k_new, v_new = k[:, length - chunk:].clone(), v[:, length - chunk:].clone()
+    pages = length // 64
+    table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(1, -1)
+    kp, vp = k.view(pages, 64, heads_kv, d), v.view(pages, 64, heads_kv, d)
     pairs = chunk * (length - chunk) + chunk * (chunk + 1) // 2
     flops = 4 * pairs * d * heads_q
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     bias = causal_lower_right(chunk, length)
     calls = {
         "fa4 kvcache": lambda: fa4.attention_with_kvcache(q, k, v, full),
+        "fa4 kv 64-row": with_tiles("regular", lambda: fa4.attention_with_kvcache(q, k, v, full)),
+        "fa4 kv page64": lambda: fa4.attention_with_kvcache(q, kp, vp, full, page_table=table),
+        "fa4 kv +append": lambda: fa4.attention_with_kvcache(q, k, v, before_chunk, k_new=k_new, v_new=v_new),
         "fa4 dense": lambda: fa4.attention(q, k, v, causal=True),
     }
     for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
@@ -209,14 +237,28 @@ def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=
     for name, fn in calls.items():
         try:
             results[name] = rate(flops, fn, args.iters)
-            print(f"  {name:12s} {results[name][0] / 1e12:6.1f} | {results[name][1] / 1e12:6.1f}", flush=True)
+            print(f"  {name:14s} {results[name][0] / 1e12:6.1f} | {results[name][1] / 1e12:6.1f}", flush=True)
         except Exception as e:  # a backend may refuse the bias or GQA; say so
-            print(f"  {name:12s} failed: {type(e).__name__}: {str(e)[:100]}")
-    if "fa4 kvcache" in results and "SDPA cuDNN" in results:
-        print(f"  fa4 kvcache / cuDNN: {results['fa4 kvcache'][1] / results['SDPA cuDNN'][1]:.3f} (graph)")
+            print(f"  {name:14s} failed: {type(e).__name__}: {str(e)[:100]}")
+    ratios = (("fa4 kvcache", "SDPA cuDNN"), ("fa4 kv page64", "SDPA cuDNN"), ("fa4 kvcache", "fa4 kv 64-row"))
+    for name, peer in ratios:
+        if name in results and peer in results:
+            print(f"  {name} / {peer}: {results[name][1] / results[peer][1]:.3f} (graph)")
 
 
 def run(args, dtype) -> None:
+    parts = getattr(args, "decode_parts", DECODE_PARTS)
+    if "decode" in parts:
+        decoding(args, dtype)
+    if "speculative" in parts:
+        speculative(args, dtype)
+    if "gqa" in parts:
+        gqa_groups(args, dtype)
+    if "prefill" in parts:
+        chunked_prefill(args, dtype)
+
+
+def decoding(args, dtype) -> None:
     print("\nKV-cache decoding: bf16 hd128, 32 query / 8 K/V heads, 1 query token; GB/s of K+V read "
           "(copy: read + write), eager back-to-back | CUDA graph | step (graph, a kernel between calls); "
           f"the best of {args.rounds} rounds, the providers in a rotated order each round")
@@ -252,6 +294,3 @@ def run(args, dtype) -> None:
         print(f"{batch:3d} x {length // 1024:4d}k  " + "   ".join(cells), flush=True)
         del calls
         torch.cuda.empty_cache()
-    speculative(args, dtype)
-    gqa_groups(args, dtype)
-    chunked_prefill(args, dtype)

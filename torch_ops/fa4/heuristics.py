@@ -59,6 +59,7 @@ def rules() -> ctypes.CDLL:
         "fa4_q_piece_rows": (i32, []),
         "fa4_packable_group": (i32, [i64]),
         "fa4_packing_family": (i32, [i64, i64, i64, i32, i32, i32, i32, i32]),
+        "fa4_kv_cache_tile_family": (i32, [i64, i64, i64, i64, i32, i32, i32, i32, i32]),
         "fa4_l2_swizzle_budget": (i64, [i64, i32]),
         "fa4_balance_heads": (i64, [i64, i32]),
         "fa4_heads_per_group": (i32, [i64, i64, i32, i32, i32, i64, i64, i32, i64, i32]),
@@ -333,6 +334,19 @@ def packing_family(heads_q: int, heads_kv: int, tile_m: int, built: dict[str, in
     for ``seqlen_q`` rows (the regular tiles on a tie). ``head_rows`` as for pack_gqa_factor."""
     return TILE_FAMILIES[rules().fa4_packing_family(heads_q, heads_kv, seqlen_q, tile_m, built.get("short", 0),
                                                     built.get("long", 0), _head_rows(head_rows), _tri(override))]
+
+
+def kv_cache_tile_family(heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, tile_m: int, long_tile_m: int,
+                         pack_override: bool | None = None, override: str | None = None, head_rows: int = 1) -> str:
+    """The tile family of a KV-cache call (``seqlen_k``: the cache's capacity): "long" (the
+    taller tiles of chunked prefill, ``long_tile_m`` rows where built, else 0) where they hold
+    the call's rows, each family packed as pack_gqa_factor packs it (``head_rows``: the KV-cache
+    kernels' 1), as fully as the 64-row ones; ``override`` (FA4_TILES) is taken wherever that
+    family is built."""
+    family = rules().fa4_kv_cache_tile_family(heads_q, heads_kv, seqlen_q, seqlen_k, tile_m, long_tile_m, head_rows,
+                                              _tri(pack_override),
+                                              _AUTO if override is None else TILE_FAMILIES.index(override))
+    return TILE_FAMILIES[family]
 
 
 def _head_rows(head_rows: int | None) -> int:

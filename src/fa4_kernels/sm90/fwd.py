@@ -160,11 +160,15 @@ class FlashAttentionForwardSm90:
         # dense query batches, every mask; the schedule as for dense calls.
         self.kv_cache = kv_cache
         assert not (kv_cache and (is_varlen or block_sparse)), "a KV cache's sequences come from its page table"
-        assert not kv_cache or (tile_n % CHUNK_ROWS == 0 and tile_m == ROWS_PER_WG), "KV cache: one consumer warpgroup"
+        assert not kv_cache or tile_n % CHUNK_ROWS == 0, "KV cache: K/V blocks of whole page boxes"
+        # Decoding tiles have one consumer warpgroup, chunked prefill's ("long" tiles) more: then
+        # the first one zeroes a block's stale V rows in its turn of the round-robin, ahead of the
+        # others' P @ V (clear_stale_v_rows), and every warpgroup visits every block of the tile.
+        assert not (kv_cache and tile_m > ROWS_PER_WG and skip_dead_blocks), "KV cache: no warpgroup skips blocks"
         # The append twin (kv_cache.py): a few appended rows in a tile's first block are copied
         # into its loaded K/V stages by the consumers instead of the producer waiting for them.
         self.patch_appends = patch_appends
-        assert not patch_appends or kv_cache, "patched appends: KV-cache kernels"
+        assert not patch_appends or (kv_cache and tile_m == ROWS_PER_WG), "patched appends: one-warpgroup tiles"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -1206,7 +1210,7 @@ class FlashAttentionForwardSm90:
                 if const_expr(self.patch_appends):
                     patch_v = (patched, mVNew, self.cache_head(head_idx, pack_gqa, mO, mKCache), batch_idx, seqlens[4])
                 before_first_pv = lambda v_state: self.clear_stale_v_rows(  # noqa: E731
-                    sV, v_state.index, seq.seqlen_k, first_block_index, tidx, patch_v)
+                    sV, v_state.index, seq.seqlen_k, first_block_index, tidx, wg_idx, patch_v)
             step = lambda kv_state, n_block, mask_right, mask_left, bits_of=None: self.overlapped_step(  # noqa: E731
                 kv_state, n_block, n_block_max, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrP, tOrVt,
                 acc_O, pipeline_k, pipeline_v, softmax, mask, thr_mma_qk, score_scale, softcap,
@@ -1252,7 +1256,14 @@ class FlashAttentionForwardSm90:
             pipeline_v.consumer_wait(kv_state)
             if const_expr(self.kv_cache):
                 if n_block_max - n_block_min == 1:  # also the tile's first block
-                    before_first_pv(kv_state)
+                    if const_expr(self.num_consumer_wg > 1):
+                        # A turn of the round-robin, so the first warpgroup's zeroes are in
+                        # before the others' P @ V (clear_stale_v_rows).
+                        self.scheduler_wait()
+                        before_first_pv(kv_state)
+                        self.scheduler_signal()
+                    else:
+                        before_first_pv(kv_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                   n_block_max - n_block_min > 1, -1)
             totals = softmax.row_totals()
@@ -1716,14 +1727,27 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def clear_stale_v_rows(self, sV: cute.Tensor, stage: Int32, seqlen_k: Int32, n_block: Int32, tidx: Int32,
-                           patch=None):
+                           wg_idx: Int32, patch=None):
         """KV cache: zero the rows of V block n_block (in stage ``stage``) past the sequence's
         end inside its last 16-row page box, which the TMA loaded from the cache as they are
         (kv_cache.py: boxes wholly past the end arrive as zeros). Their probabilities are 0, but
         0 * inf or NaN in a stale slot would be NaN. The append twin's ``patch`` (patched,
         mVNew, head_kv, batch_idx, seqlen_new): where ``patched``, copy the appended rows of
         mVNew into the block first (kv_cache.patch_rows). Then fence the writes for the P @ V
-        and sync the warpgroup (the only consumer one: kv_cache variants have one)."""
+        and sync the warpgroup.
+        Called in the caller's turn of the round-robin where the tile has several consumer
+        warpgroups: only the first writes (a barrier over all of them would deadlock the
+        round-robin, and each writing the same zeroes would race), and the others' P @ V comes
+        after its turn, whose signal (bar.arrive) orders its fenced writes before their reads."""
+        if const_expr(self.num_consumer_wg == 1):
+            self.zero_stale_v_rows(sV, stage, seqlen_k, n_block, tidx, patch)
+        elif wg_idx == 0:
+            self.zero_stale_v_rows(sV, stage, seqlen_k, n_block, tidx, patch)
+
+    @cute.jit
+    def zero_stale_v_rows(self, sV: cute.Tensor, stage: Int32, seqlen_k: Int32, n_block: Int32, tidx: Int32,
+                          patch=None):
+        """clear_stale_v_rows' work, by one warpgroup (threads ``tidx`` 0-127)."""
         first = seqlen_k - n_block * self.tile_n
         boxed = cute.ceil_div(seqlen_k, CHUNK_ROWS) * CHUNK_ROWS - n_block * self.tile_n
         rows = cutlass.max(cutlass.min(boxed, self.tile_n) - cutlass.max(first, 0), 0)
