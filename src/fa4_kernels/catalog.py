@@ -30,7 +30,8 @@ ALIBI_MMA_COLS = 16
 ALIBI_SLOPE_TERMS = 3
 # KV-cache forwards (fa4.attention_with_kvcache; src/fa4_kernels/kv_cache.py): K/V through a page
 # table (a contiguous cache is one page per sequence), appended rows written by the kernel. Dense
-# query batches, every head dim and softcap; regular tiles. One mask kind, the window: no mask and
+# query batches, every head dim and softcap; 64-row tiles (chunked prefill's taller ones:
+# KV_CACHE_TILE_FAMILIES). One mask kind, the window: no mask and
 # causal are windows whose sides are unbounded (fa4_resolve_mask), so the masks are run-time
 # arguments here (the decoding calls they serve are bound by memory, not by the mask's compares;
 # measured in docs/perf_notes.md, "KV-cache masks at run time").
