@@ -6,37 +6,17 @@ the family the rule picks.
     python3 scripts/kv_tile_fill.py   # needs a build with the long KV-cache tiles
 """
 import os
-import statistics
 
 import torch
 
 import fa4
 from fa4 import _native
+from fa4.bench_kvcache import graph_ms
 
 # (batch, seqlen_q, heads_q, heads_kv, head_dim, cache length)
 CASES = [(1, sq, 32, 8, 128, 32768) for sq in (8, 16, 32, 64, 100, 129, 200, 300, 512, 1024)] + [
     (4, sq, 32, 8, 128, 8192) for sq in (16, 32, 100, 129, 300)] + [
     (1, sq, 32, 8, 64, 32768) for sq in (16, 70, 100, 130, 200, 512)]
-
-
-def graph_us(fn, calls=10, iters=7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -52,7 +32,7 @@ def main() -> None:
         cells = []
         for family in ("regular", "long"):
             os.environ["FA4_TILES"] = family
-            us = graph_us(lambda: fa4.attention_with_kvcache(q, k, v, full))
+            us = 1e3 * graph_ms(lambda: fa4.attention_with_kvcache(q, k, v, full), iters=7, calls=10)
             launch = _native.last_launch("fwd")
             cells.append(f"{family} {us:8.2f} us {flops / us / 1e6:6.1f} TF/s (pack {launch['pack_gqa']}, "
                          f"split {launch['tail_ctas']})")
