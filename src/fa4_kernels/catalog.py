@@ -51,8 +51,8 @@ KV_CACHE_TWIN_MASKS = ("none",)
 # with nothing to append ran 0.25-0.3 us slower at 1 x 4k with it, H100 and H200, session 58);
 # appends at 1 x 4k 10.05-10.16 -> 9.82-9.88 us under CUDA graphs (H100). Not traced.
 # ... and a "long" tile family of the window kernel (heuristics.kv_cache_long_config): the dense
-# kernel's taller tiles for chunked prefill, which fa4_tile_family picks as for dense calls (keys
-# from 2048 on, unpacked queries that fill its tiles as well).
+# kernel's taller tiles for chunked prefill, picked by fa4_kv_cache_tile_family (caches of 2048+
+# rows, a call's rows per K/V head filling them about as well as the 64-row ones: not decoding).
 KV_CACHE_TILE_FAMILIES = {"long": KV_CACHE_MASKS}
 # Trace variants (fa4.trace; src/fa4_kernels/trace.py): forwards that also record a timeline of
 # their tiles. The wheel ships them for these keys (dense, packed and KV-cache, with every tile
