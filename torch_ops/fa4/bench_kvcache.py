@@ -19,7 +19,9 @@ GQA groups: one token over 64/8, 32/2 and 64/1 heads against SDPA. Speculative v
 and 8 query tokens per sequence (causal, bottom-right: each sees the
 cache and the drafts before it), the same GB/s and its ratio to the one-token call. Chunked
 prefill: 2048 query tokens against a 32k cache, causal (bottom-right), TFLOP/s of the visible
-pairs, beside cuDNN on the same shape (SDPA, the lower-right causal bias) and fa4's dense forward.
+pairs (contiguous, paged, the chunk appended by the call, and on the 64-row decoding tiles), beside
+cuDNN on the same shape (SDPA, the lower-right causal bias) and fa4's dense forward.
+``--decode-parts`` picks some of these tables.
 """
 from __future__ import annotations
 
