@@ -5,13 +5,11 @@ the family the rule picks.
 
     python3 scripts/kv_tile_fill.py   # needs a build with the long KV-cache tiles
 """
-import os
-
 import torch
 
 import fa4
 from fa4 import _native
-from fa4.bench_kvcache import graph_ms
+from fa4.bench_kvcache import graph_ms, with_tiles
 
 # (batch, seqlen_q, heads_q, heads_kv, head_dim, cache length)
 CASES = [(1, sq, 32, 8, 128, 32768) for sq in (8, 16, 32, 64, 100, 129, 200, 300, 512, 1024)] + [
@@ -31,12 +29,11 @@ def main() -> None:
         flops = 4 * pairs * d * hq * b
         cells = []
         for family in ("regular", "long"):
-            os.environ["FA4_TILES"] = family
-            us = 1e3 * graph_ms(lambda: fa4.attention_with_kvcache(q, k, v, full), iters=7, calls=10)
+            call = with_tiles(family, lambda: fa4.attention_with_kvcache(q, k, v, full))
+            us = 1e3 * graph_ms(call, iters=7, calls=10)
             launch = _native.last_launch("fwd")
             cells.append(f"{family} {us:8.2f} us {flops / us / 1e6:6.1f} TF/s (pack {launch['pack_gqa']}, "
                          f"split {launch['tail_ctas']})")
-        os.environ.pop("FA4_TILES")
         fa4.attention_with_kvcache(q, k, v, full)
         auto = "long" if _native.last_launch("fwd")["name"].endswith("_longseq") else "regular"
         print(f"{b} x {sq:4d} q, {hq}/{hkv}, hd{d}, {length // 1024}k: " + " | ".join(cells) + f" | rule: {auto}",

@@ -341,8 +341,8 @@ def kv_cache_tile_family(heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: i
     """The tile family of a KV-cache call (``seqlen_k``: the cache's capacity): "long" (the
     taller tiles of chunked prefill, ``long_tile_m`` rows where built, else 0) where they hold
     the call's rows, each family packed as pack_gqa_factor packs it (``head_rows``: the KV-cache
-    kernels' 1), as fully as the 64-row ones; ``override`` (FA4_TILES) is taken wherever that
-    family is built."""
+    kernels' 1), at least 0.75 as fully as the 64-row ones (fa4_rules.c says why); ``override``
+    (FA4_TILES) is taken wherever that family is built."""
     family = rules().fa4_kv_cache_tile_family(heads_q, heads_kv, seqlen_q, seqlen_k, tile_m, long_tile_m, head_rows,
                                               _tri(pack_override),
                                               _AUTO if override is None else TILE_FAMILIES.index(override))
