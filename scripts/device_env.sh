@@ -5,6 +5,13 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/fa4_out}
 mkdir -p "$OUT"
+# Archives from scripts/carry_pack.sh: each replaces its path, once per call (the archive is
+# removed once unpacked, so scripts that source this again keep what the call has swapped in).
+for archive in build/carry/*.tar.xz; do
+  [ -f "$archive" ] || continue
+  target=$(basename "$archive" .tar.xz); target=${target//+//}
+  rm -rf "$target" && tar xJf "$archive" && rm -f "$archive" && echo "unpacked $target"
+done
 export PYTHONPATH=$PWD/torch_ops:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 # profile_with_ncu REPORT KERNEL_REGEX "NCU_ARGS" PROFILE_ONE_ARGS...: the 4th launch of the
