@@ -5,9 +5,9 @@
 #   (FA4_CHECK_TESTS=0: not); then, on it or on the carried library, `fa4.bench $FA4_CHECK_BENCH`
 #   (e.g. "--decode --decode-parts prefill --rounds 2") and `python3 $FA4_CHECK_PY` (e.g.
 #   scripts/kv_tile_fill.py);
-# - on an H200, the issues' device, where the carried torch_ops/fa4/_native is a full catalog: the
-#   decoding table (`fa4.bench --decode`) and the backward table (`--backward`, hd 64/128/256; fa4,
-#   its deterministic mode and cuDNN);
+# - on an H200, the issues' device, where the carried torch_ops/fa4/_native is a full catalog (and
+#   FA4_TABLES is not 0): the decoding table (`fa4.bench --decode`) and the backward table
+#   (`--backward`, hd 64/128/256; fa4, its deterministic mode and cuDNN);
 # - scripts/decode_ab.sh over the KV-cache builds named.
 # torch_ops/fa4/_native is as carried again at the end. Logs under $OUT; a summary at the end.
 #   run (device tool) with carry ["torch_ops/fa4/_native", "build/ab/A", "build/ab/B"]:
@@ -35,7 +35,7 @@ if [ -n "${FA4_CHECK_BENCH:-}" ]; then
 fi
 # FA4_CHECK_PY: a probe script (e.g. scripts/kv_tile_fill.py)
 [ -n "${FA4_CHECK_PY:-}" ] && timeout 150 python3 $FA4_CHECK_PY 2>&1 | quiet > "$OUT/check_py.txt"
-if [[ "$gpu" == *H200* ]] && [ "${full:-0}" -gt 400 ]; then
+if [[ "$gpu" == *H200* ]] && [ "${full:-0}" -gt 400 ] && [ "${FA4_TABLES:-1}" = 1 ]; then
   rm -rf torch_ops/fa4/_native && cp -r /tmp/fa4_main_native torch_ops/fa4/_native
   timeout 170 python3 -m fa4.bench --decode --rounds 2 2>&1 | quiet > "$OUT/decode.txt"
   timeout 90 python3 -m fa4.bench --backward --head-dims 64 128 256 --providers fa4,fa4det,cuDNN --rounds 1 \
