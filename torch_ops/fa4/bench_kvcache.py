@@ -19,8 +19,8 @@ GQA groups: one token over 64/8, 32/2 and 64/1 heads against SDPA. Speculative v
 and 8 query tokens per sequence (causal, bottom-right: each sees the
 cache and the drafts before it), the same GB/s and its ratio to the one-token call. Chunked
 prefill: 2048 query tokens against a 32k cache, causal (bottom-right), TFLOP/s of the visible
-pairs (contiguous, paged, the chunk appended by the call, and on the 64-row decoding tiles), beside
-cuDNN on the same shape (SDPA, the lower-right causal bias) and fa4's dense forward.
+pairs (contiguous, paged with 16-, 64- and 128-row pages, the chunk appended by the call, and on
+the 64-row decoding tiles), beside cuDNN on the same shape (SDPA, the lower-right causal bias) and fa4's dense forward.
 ``--decode-parts`` picks some of these tables.
 """
 from __future__ import annotations
@@ -202,7 +202,7 @@ def with_tiles(family: str, fn):
 
 def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=8, d=128) -> None:
     """A 2048-token chunk against a 32k cache (the chunk's keys its last 2048 rows), causal:
-    contiguous, paged (64-row pages), with the chunk's keys appended by the call (as a serving
+    contiguous, paged (16-, 64- and 128-row pages), with the chunk's keys appended by the call (as a serving
     engine's prefill step does), and the contiguous call on the 64-row decoding tiles (FA4_TILES
     =regular) beside the automatic choice's taller ones."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -212,9 +212,12 @@ def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=
     full = torch.full((1,), length, dtype=torch.int32, device="cuda")
     before_chunk = full - chunk
     k_new, v_new = k[:, length - chunk:].clone(), v[:, length - chunk:].clone()
-    pages = length // 64
-    table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(1, -1)
-    kp, vp = k.view(pages, 64, heads_kv, d), v.view(pages, 64, heads_kv, d)
+    def paged(page_size):
+        """The cache seen through a shuffled page table of page_size-row pages."""
+        pages = length // page_size
+        table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(1, -1)
+        kp, vp = k.view(pages, page_size, heads_kv, d), v.view(pages, page_size, heads_kv, d)
+        return lambda: fa4.attention_with_kvcache(q, kp, vp, full, page_table=table)
     pairs = chunk * (length - chunk) + chunk * (chunk + 1) // 2
     flops = 4 * pairs * d * heads_q
     from torch.nn.attention.bias import causal_lower_right
@@ -224,7 +227,9 @@ def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=
     calls = {
         "fa4 kvcache": lambda: fa4.attention_with_kvcache(q, k, v, full),
         "fa4 kv 64-row": with_tiles("regular", lambda: fa4.attention_with_kvcache(q, k, v, full)),
-        "fa4 kv page64": lambda: fa4.attention_with_kvcache(q, kp, vp, full, page_table=table),
+        "fa4 kv page16": paged(16),
+        "fa4 kv page64": paged(64),
+        "fa4 kv page128": paged(128),
         "fa4 kv +append": lambda: fa4.attention_with_kvcache(q, k, v, before_chunk, k_new=k_new, v_new=v_new),
         "fa4 dense": lambda: fa4.attention(q, k, v, causal=True),
     }
@@ -242,7 +247,9 @@ def chunked_prefill(args, dtype, chunk=2048, length=32768, heads_q=32, heads_kv=
             print(f"  {name:14s} {results[name][0] / 1e12:6.1f} | {results[name][1] / 1e12:6.1f}", flush=True)
         except Exception as e:  # a backend may refuse the bias or GQA; say so
             print(f"  {name:14s} failed: {type(e).__name__}: {str(e)[:100]}")
-    ratios = (("fa4 kvcache", "SDPA cuDNN"), ("fa4 kv page64", "SDPA cuDNN"), ("fa4 kvcache", "fa4 kv 64-row"))
+    ratios = (("fa4 kvcache", "SDPA cuDNN"), ("fa4 kv page64", "SDPA cuDNN"), ("fa4 kvcache", "fa4 kv 64-row"),
+              ("fa4 kv page16", "fa4 kvcache"), ("fa4 kv page64", "fa4 kvcache"), ("fa4 kv page128", "fa4 kvcache"),
+              ("fa4 kv +append", "fa4 kvcache"))
     for name, peer in ratios:
         if name in results and peer in results:
             print(f"  {name} / {peer}: {results[name][1] / results[peer][1]:.3f} (graph)")
