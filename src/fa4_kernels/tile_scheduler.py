@@ -202,6 +202,13 @@ class SplitTail:
         (always its share's first) belongs, the tile's first CTA."""
         return self.owner(self.first_tile * self.n_blocks)
 
+    def one_piece_per_cta(self):
+        """1 when every CTA's share lies inside one tile (equal shares, a whole number of them per
+        tile), so that no CTA holds pieces of two tiles; else 0."""
+        _, extra = self._shares()
+        tiles = cutlass.max(self.tail_tiles(), 1)
+        return (1 - cutlass.min(extra, 1)) * (1 - cutlass.min(cutlass.max(self.ctas, 1) % tiles, 1))
+
     def writers(self, cta):
         """For ``cta``'s merging piece (its last, cut at its share's end): how many CTAs after
         it hold the rest of that tile, each as a written partial (their first pieces)."""

@@ -1027,7 +1027,7 @@ class FlashAttentionForwardSm90:
             tail = scheduler.split
             distributed_launch = distributes(tail.ctas, tail.tail_tiles(),
                                              cutlass.min(seqlen_q, block_rows(self.tile_m, pack_gqa)) * pack_gqa,
-                                             self.head_dim_v)
+                                             self.head_dim_v, tail.one_piece_per_cta())
         m_block, head_idx, batch_idx, kv_lo, kv_hi, valid = self.work(schedule_at(cursor), cursor, sparse_tables)
         prologue = None
         if const_expr(self.trace):
