@@ -290,8 +290,8 @@ def test_forced_long_tiles_pack_decoding_heads(sq, group, monkeypatch):
 @pytest.mark.parametrize("b, sq, length", [(1, 300, 32768), (4, 129, 8192)])
 def test_regular_tiles_split_tail_after_a_full_round(b, sq, length, monkeypatch):
     """64-row tiles that fill the grid once and leave a few tiles (28, 24) for the split tail,
-    about five pieces each: session 71 timed these shapes 2-4x slower than the rounds predict
-    (scripts/kv_tile_fill.py); the values at least must be right."""
+    about five pieces each, shares straddling two tiles: merged by one merger, not distributed
+    (split_partials.distributes; distributed, they ran 2-4x slower than the rounds predict)."""
     monkeypatch.setenv("FA4_TILES", "regular")
     run(b, sq, 32, 8, 128, 128, [length] * b, 0, None, length)
     launch = _native.last_launch("fwd")
