@@ -89,6 +89,12 @@ class FwdConfig:
     # trace twin's makespan of eager calls, with the two changes of FwdConfig.pdl's note): 1x4k
     # 8.78 -> 8.35 us.
     few_rows_from_registers: bool = False
+    # KV cache: K/V boxes wholly inside the rows a call appends are loaded from k_new/v_new, not
+    # read back from the cache, so a tile waits only for the few new rows of the one box that
+    # straddles the cached and appended rows, and the cache stores of the rest are shared among
+    # the tiles (sm90/fwd.py). The long tiles: a chunk appended by its prefill call (session 71,
+    # H100: every tile storing all its blocks' appended rows before its loads cost 13%).
+    appends_from_new: bool = False
     # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
     # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
     # last rows never does). Pays where the warpgroups contend for the tensor cores or the MUFU,
@@ -297,7 +303,7 @@ def kv_cache_long_config(key: VariantKey, dense: FwdConfig) -> FwdConfig:
     assert key.mask in catalog.KV_CACHE_MASKS and not key.kv_append, "long KV-cache tiles: the window kernel"
     cfg = replace(dense, skip_dead_blocks=False, split_tail=True, lse_bulk_store=False, pdl=True,
                   rebuild_schedule=key.head_dim_v >= 192 or dense.tile_m > 128,
-                  epilogue_addresses_per_tile=key.head_dim_v <= 128)
+                  epilogue_addresses_per_tile=key.head_dim_v <= 128, appends_from_new=True)
     cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key))
     return place_buffers(cfg, key.head_dim, key.head_dim_v)
 

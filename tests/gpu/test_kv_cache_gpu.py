@@ -240,11 +240,15 @@ def require_long_tiles(dtype, d, dv, softcap):
     (2, 300, [2000, 61], 300),  # a chunk appended and attended to; a sequence shorter than its chunk
     (1, 2048, [2900], 0),
     (3, 129, [0, 77, 3900], 5),  # tiles of one K/V block and of none
+    (1, 130, [1000], 333),  # more rows appended than queried: every query block stores a share
 ])
 def test_chunked_prefill_runs_the_long_tiles(b, sq, lengths, append, page_size):
     """Many causal query rows of each head against a cache of 2048+ keys run the dense kernel's
     taller tiles (two consumer warpgroups: heuristics.kv_cache_long_config); the first warpgroup
-    zeroes the stale V rows ahead of the other (run() puts inf there)."""
+    zeroes the stale V rows ahead of the other (run() puts inf there). Appended rows are loaded
+    from k_new/v_new but for the box they share with cached rows (cached lengths 61, 77, 3900,
+    1000 end inside a 16-row box), and their cache stores are shared among the tiles: run()
+    compares the whole cache."""
     name = require_long_tiles(torch.bfloat16, 128, 128, 0.0)
     run(b, sq, 32, 8, 128, 128, lengths, append, page_size, 4096)
     assert _native.last_launch("fwd")["name"] == name

@@ -116,6 +116,7 @@ class FlashAttentionForwardSm90:
         distributed_merge: bool = False,
         pdl: bool = False,
         few_rows_from_registers: bool = False,
+        appends_from_new: bool = False,
         skip_dead_blocks: bool = False,
         early_q_release: bool = False,
         lse_bulk_store: bool = False,
@@ -169,6 +170,9 @@ class FlashAttentionForwardSm90:
         # into its loaded K/V stages by the consumers instead of the producer waiting for them.
         self.patch_appends = patch_appends
         assert not patch_appends or (kv_cache and tile_m == ROWS_PER_WG), "patched appends: one-warpgroup tiles"
+        # Boxes of appended rows loaded from k_new/v_new (heuristics.FwdConfig.appends_from_new).
+        self.appends_from_new = appends_from_new
+        assert not appends_from_new or (kv_cache and not patch_appends), "appends from k_new: KV-cache kernels"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -478,6 +482,14 @@ class FlashAttentionForwardSm90:
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
                 tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1
             )
+        # The appended rows' boxes, the same shape over k_new/v_new (appends_from_new); the other
+        # kernels pass K's and V's in their place.
+        tma_atom_KNew, tma_KNew, tma_atom_VNew, tma_VNew = tma_atom_K, tma_K, tma_atom_V, tma_V
+        if const_expr(self.appends_from_new):
+            tma_atom_KNew, tma_KNew = cpasync.make_tiled_tma_atom(tma_load, mKNew, box(sK_layout, self.head_dim),
+                                                                  (CHUNK_ROWS, self.head_dim), 1)
+            tma_atom_VNew, tma_VNew = cpasync.make_tiled_tma_atom(tma_load, mVNew, box(sV_layout, self.head_dim_v),
+                                                                  (CHUNK_ROWS, self.head_dim_v), 1)
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mO, sO_store_layout,
             (cute.size(sO_store_layout, mode=[0]), self.head_dim_v)
@@ -529,7 +541,7 @@ class FlashAttentionForwardSm90:
             page_size, seqlen_new, tma_atom_Q, tma_atom_Qc, *[a for a, _ in tma_Qh], tma_atom_K, tma_atom_V,
             tma_atom_O, scale_log2, score_scale, softcap, window_left, window_right, schedule,
             sQ_layout, sK_layout, sV_layout, sO_layout,
-            tiled_mma_qk, tiled_mma_pv, SharedStorage,
+            tiled_mma_qk, tiled_mma_pv, SharedStorage, tma_KNew, tma_VNew, tma_atom_KNew, tma_atom_VNew,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -594,6 +606,10 @@ class FlashAttentionForwardSm90:
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
+        tma_KNew: cute.Tensor,  # appends_from_new: k_new's and v_new's TMA views (else K's and V's)
+        tma_VNew: cute.Tensor,
+        tma_atom_KNew: cute.CopyAtom,
+        tma_atom_VNew: cute.CopyAtom,
     ):
         # Trace twins: when this CTA entered the kernel (TileTrace.begin).
         entry_ns = global_ns() if const_expr(self.trace) else None
@@ -603,6 +619,9 @@ class FlashAttentionForwardSm90:
                 cpasync.prefetch_descriptor(atom)
             if const_expr(self.kv_cache):
                 for atom in (tma_atom_Qh4, tma_atom_Qh2, tma_atom_Qh1):
+                    cpasync.prefetch_descriptor(atom)
+            if const_expr(self.appends_from_new):
+                for atom in (tma_atom_KNew, tma_atom_VNew):
                     cpasync.prefetch_descriptor(atom)
         q_heads = ((mQh4, tma_atom_Qh4), (mQh2, tma_atom_Qh2), (mQh1, tma_atom_Qh1))
 
@@ -705,6 +724,7 @@ class FlashAttentionForwardSm90:
                     mQ, mQc, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_Qc, q_heads, tma_atom_K, tma_atom_V,
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
                     mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa, sparse_tables, kv_cache,
+                    ((tma_atom_KNew, tma_KNew), (tma_atom_VNew, tma_VNew)),
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
@@ -773,6 +793,7 @@ class FlashAttentionForwardSm90:
         pack_gqa: Int32,
         sparse_tables,
         kv_cache,
+        new_boxes,  # appends_from_new: ((atom, TMA view) of k_new, of v_new)
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         mPageTable, page_size, mKCache, mVCache, mKNew, mVNew = kv_cache
@@ -806,12 +827,15 @@ class FlashAttentionForwardSm90:
                 # before the wait for its K stage (ahead_of).
                 paged = PagedKV(mPageTable, page_size, batch_idx, seq.seqlen_k, self.tile_n)
                 ahead_of = paged.prefetch
+                new_k = new_v = None
+                if const_expr(self.appends_from_new):
+                    new_k, new_v = [(atom, view, seqlen_new) for atom, view in new_boxes]
                 copy_k = lambda n_block, state: paged.load_block(  # noqa: E731
                     tma_atom_K, mK, head_idx_kv, sK[None, None, state.index], n_block, self.head_dim,
-                    pipeline_k.producer_get_barrier(state))
+                    pipeline_k.producer_get_barrier(state), new_k)
                 copy_v = lambda n_block, state: paged.load_block(  # noqa: E731
                     tma_atom_V, mV, head_idx_kv, sV[None, None, state.index], n_block, self.head_dim_v,
-                    pipeline_v.producer_get_barrier(state))
+                    pipeline_v.producer_get_barrier(state), new_v)
                 # The consumers' appended rows are in the cache (and fenced), unless the append
                 # twin's consumers patch them into the first block's stages (kv_cache.py).
                 if waits_for_append(seqlen_new, seq.seqlen_k, block_at(0), self.tile_n, self.patch_appends) != 0:
@@ -1068,6 +1092,11 @@ class FlashAttentionForwardSm90:
                     paged = PagedKV(mPageTable, page_size, batch_idx, seq.seqlen_k, self.tile_n)
                     head_kv = self.cache_head(head_idx, pack_gqa, mO, mKCache)
                     first_row, end_row = n_block_min * self.tile_n, n_block_max * self.tile_n
+                    if const_expr(self.appends_from_new):
+                        # Only the new rows of the box that straddles the cached and appended
+                        # rows are read back from the cache (PagedKV.load_block).
+                        straddled = cute.ceil_div(seq.seqlen_k - seqlen_new, CHUNK_ROWS) * CHUNK_ROWS
+                        end_row = cutlass.min(end_row, straddled)
                     paged.append(mKNew, mKCache, head_kv, seqlen_new, first_row, end_row, self.head_dim, self.dtype,
                                  tidx, self.num_mma_threads)
                     paged.append(mVNew, mVCache, head_kv, seqlen_new, first_row, end_row, self.head_dim_v,
@@ -1080,6 +1109,16 @@ class FlashAttentionForwardSm90:
                     elif const_expr(self.patch_appends):
                         if n_block_max * self.tile_n > seq.seqlen_k - seqlen_new:
                             patched = Int32(1)
+                    if const_expr(self.appends_from_new):
+                        # The cache's stores of the other appended rows, which no tile reads back:
+                        # a share of them per query block, by the tiles of each K/V head's first
+                        # query head (a split tile's pieces each store it: the same values).
+                        lo, hi = self.append_share(m_block, head_idx, pack_gqa, seqlen_q, seq.seqlen_k, seqlen_new,
+                                                   mO, mKCache)
+                        paged.append(mKNew, mKCache, head_kv, seqlen_new, lo, hi, self.head_dim, self.dtype,
+                                     tidx, self.num_mma_threads)
+                        paged.append(mVNew, mVCache, head_kv, seqlen_new, lo, hi, self.head_dim_v,
+                                     self.dtype, tidx, self.num_mma_threads)
             bias_at = None
             if const_expr(self.score_mod != "none"):
                 # The score_mod's bias at step n_block (the pseudo-index above) of the visiting order:
@@ -1724,6 +1763,22 @@ class FlashAttentionForwardSm90:
     def cache_head(self, head_idx: Int32, pack_gqa: Int32, mO: cute.Tensor, mKCache: cute.Tensor) -> Int32:
         """KV cache: the K/V head of a tile whose query heads start at head_idx * pack_gqa."""
         return head_idx * pack_gqa // (cute.size(mO.shape[2]) // cute.size(mKCache.shape[2]))
+
+    @cute.jit
+    def append_share(self, m_block: Int32, head_idx: Int32, pack_gqa: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                     seqlen_new: Int32, mO: cute.Tensor, mKCache: cute.Tensor):
+        """appends_from_new: the appended rows (sequence rows [lo, hi)) whose cache stores this
+        tile makes: the tiles of a K/V head's first (packed) query head split the appended rows
+        evenly by query block; the other tiles store none."""
+        tile_heads = cute.size(mO.shape[2]) // pack_gqa
+        heads_per_kv = tile_heads // cute.size(mKCache.shape[2])
+        m_blocks = cute.ceil_div(seqlen_q * pack_gqa, self.tile_m)
+        share = cute.ceil_div(seqlen_new, m_blocks)
+        lo = seqlen_k - seqlen_new + m_block * share
+        hi = lo + share
+        if head_idx % heads_per_kv != 0:
+            hi = lo
+        return lo, hi
 
     @cute.jit
     def clear_stale_v_rows(self, sV: cute.Tensor, stage: Int32, seqlen_k: Int32, n_block: Int32, tidx: Int32,
