@@ -144,37 +144,37 @@ class PagedKV:
         Measured against one whole-block box for blocks inside one page and inside the sequence
         (H200, decoding bf16 hd128, 32/8 heads, two rounds): the same GB/s to 2% at every batch
         x length of fa4.bench --kvcache, with or without a third K/V stage; so one path.
-        ``new`` (atom, TMA view of k_new or v_new as (seqlen_new, dim, heads, batch), seqlen_new):
-        boxes wholly inside the appended rows come from there, at any row offset (rows past
-        seqlen_new arrive as zeros), not from the cache, whose stores of them no tile waits for
-        (FwdConfig.appends_from_new)."""
+        ``new`` (atom of a whole-block box, TMA view of k_new or v_new as (seqlen_new, dim,
+        heads, batch), seqlen_new): a block wholly inside the appended rows comes from there in one
+        box, at its rows' offset (rows past seqlen_new arrive as zeros), not from the cache, whose
+        stores of those rows no tile waits for (FwdConfig.appends_from_new). Decided per block: a
+        decision per box made the 16 boxes of a long tile's K/V step cost the producer more than
+        the consumers' step (session 71: 525 -> 386 TFLOP/s on a 2048-row chunk, H100)."""
         if const_expr(new is None):
-            for c in cutlass.range(self.tile_n // CHUNK_ROWS, unroll=1):
-                self.load_cached_box(tma_atom, mT, head, s_stage, n_block, c, dim, barrier)
+            self.load_boxes(tma_atom, mT, head, s_stage, n_block, dim, barrier)
         else:
             atom_new, mNew, seqlen_new = new
-            for c in cutlass.range(self.tile_n // CHUNK_ROWS, unroll=1):
-                new_row = n_block * self.tile_n + c * CHUNK_ROWS - (self.seqlen_k - seqlen_new)
-                if seqlen_new > 0 and new_row >= 0:
-                    g = cute.local_tile(cute.domain_offset((new_row, 0), mNew[None, None, head, self.batch_idx]),
-                                        (CHUNK_ROWS, dim), (0, 0))
-                    s = cute.local_tile(s_stage, (CHUNK_ROWS, dim), (c, 0))
-                    tS, tG = cpasync.tma_partition(atom_new, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                                   cute.group_modes(g, 0, 2))
-                    cute.copy(atom_new, tG, tS, tma_bar_ptr=barrier)
-                else:
-                    self.load_cached_box(tma_atom, mT, head, s_stage, n_block, c, dim, barrier)
+            first = n_block * self.tile_n - (self.seqlen_k - seqlen_new)
+            if seqlen_new > 0 and first >= 0:
+                g = cute.local_tile(cute.domain_offset((first, 0), mNew[None, None, head, self.batch_idx]),
+                                    (self.tile_n, dim), (0, 0))
+                tS, tG = cpasync.tma_partition(atom_new, 0, cute.make_layout(1), cute.group_modes(s_stage, 0, 2),
+                                               cute.group_modes(g, 0, 2))
+                cute.copy(atom_new, tG, tS, tma_bar_ptr=barrier)
+            else:
+                self.load_boxes(tma_atom, mT, head, s_stage, n_block, dim, barrier)
 
     @cute.jit
-    def load_cached_box(self, tma_atom: cute.CopyAtom, mT: cute.Tensor, head: Int32, s_stage: cute.Tensor,
-                        n_block: Int32, c: Int32, dim: cutlass.Constexpr[int], barrier):
-        """Box c of K/V block n_block from the cache into its rows of the stage (load_block)."""
-        page, in_page = self.box(n_block, c)
-        g = cute.local_tile(mT[None, None, head, page], (CHUNK_ROWS, dim), (in_page, 0))
-        s = cute.local_tile(s_stage, (CHUNK_ROWS, dim), (c, 0))
-        tS, tG = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                       cute.group_modes(g, 0, 2))
-        cute.copy(tma_atom, tG, tS, tma_bar_ptr=barrier)
+    def load_boxes(self, tma_atom: cute.CopyAtom, mT: cute.Tensor, head: Int32, s_stage: cute.Tensor,
+                   n_block: Int32, dim: cutlass.Constexpr[int], barrier):
+        """load_block from the cache: its CHUNK_ROWS-row boxes, each from its page."""
+        for c in cutlass.range(self.tile_n // CHUNK_ROWS, unroll=1):
+            page, in_page = self.box(n_block, c)
+            g = cute.local_tile(mT[None, None, head, page], (CHUNK_ROWS, dim), (in_page, 0))
+            s = cute.local_tile(s_stage, (CHUNK_ROWS, dim), (c, 0))
+            tS, tG = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                           cute.group_modes(g, 0, 2))
+            cute.copy(tma_atom, tG, tS, tma_bar_ptr=barrier)
 
     @cute.jit
     def append(self, mNew: cute.Tensor, mT: cute.Tensor, head: Int32, seqlen_new: Int32, first_row: Int32,

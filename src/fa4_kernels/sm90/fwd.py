@@ -485,11 +485,11 @@ class FlashAttentionForwardSm90:
         # The appended rows' boxes, the same shape over k_new/v_new (appends_from_new); the other
         # kernels pass K's and V's in their place.
         tma_atom_KNew, tma_KNew, tma_atom_VNew, tma_VNew = tma_atom_K, tma_K, tma_atom_V, tma_V
-        if const_expr(self.appends_from_new):
-            tma_atom_KNew, tma_KNew = cpasync.make_tiled_tma_atom(tma_load, mKNew, box(sK_layout, self.head_dim),
-                                                                  (CHUNK_ROWS, self.head_dim), 1)
-            tma_atom_VNew, tma_VNew = cpasync.make_tiled_tma_atom(tma_load, mVNew, box(sV_layout, self.head_dim_v),
-                                                                  (CHUNK_ROWS, self.head_dim_v), 1)
+        if const_expr(self.appends_from_new):  # whole blocks (PagedKV.load_block)
+            tma_atom_KNew, tma_KNew = cpasync.make_tiled_tma_atom(
+                tma_load, mKNew, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1)
+            tma_atom_VNew, tma_VNew = cpasync.make_tiled_tma_atom(
+                tma_load, mVNew, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1)
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mO, sO_store_layout,
             (cute.size(sO_store_layout, mode=[0]), self.head_dim_v)
@@ -1093,9 +1093,9 @@ class FlashAttentionForwardSm90:
                     head_kv = self.cache_head(head_idx, pack_gqa, mO, mKCache)
                     first_row, end_row = n_block_min * self.tile_n, n_block_max * self.tile_n
                     if const_expr(self.appends_from_new):
-                        # Only the new rows of the box that straddles the cached and appended
+                        # Only the new rows of the block that straddles the cached and appended
                         # rows are read back from the cache (PagedKV.load_block).
-                        straddled = cute.ceil_div(seq.seqlen_k - seqlen_new, CHUNK_ROWS) * CHUNK_ROWS
+                        straddled = cute.ceil_div(seq.seqlen_k - seqlen_new, self.tile_n) * self.tile_n
                         end_row = cutlass.min(end_row, straddled)
                     paged.append(mKNew, mKCache, head_kv, seqlen_new, first_row, end_row, self.head_dim, self.dtype,
                                  tidx, self.num_mma_threads)
