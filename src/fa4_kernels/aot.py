@@ -185,6 +185,7 @@ def _compile_fwd(key: catalog.VariantKey):
         o_in_v=cfg.o_in_v, split_tail=cfg.split_tail, merge_helpers=cfg.merge_helpers, merge_pairs=cfg.merge_pairs,
         distributed_merge=cfg.distributed_merge,
         pdl=cfg.pdl, few_rows_from_registers=cfg.few_rows_from_registers, appends_from_new=cfg.appends_from_new,
+        whole_block_boxes=cfg.whole_block_boxes,
         skip_dead_blocks=cfg.skip_dead_blocks,
         early_q_release=cfg.early_q_release, lse_bulk_store=cfg.lse_bulk_store,
         speculative_max=cfg.speculative_max, rebuild_schedule=cfg.rebuild_schedule,

@@ -95,6 +95,13 @@ class FwdConfig:
     # the tiles (sm90/fwd.py). The long tiles: a chunk appended by its prefill call (session 71,
     # H100: every tile storing all its blocks' appended rows before its loads cost 13%).
     appends_from_new: bool = False
+    # KV cache: a K/V block inside one page and inside the sequence is loaded in one TMA box over
+    # the cache, not as tile_n / 16 page boxes. The long tiles: their consumers take a block
+    # about twice as fast as the decoding tiles' one warpgroup, so the producer's 16 boxes a step
+    # (8 each for K and V, each with its page lookup) came close to a consumer step (session 71,
+    # H100: 2048-row chunk at 0.84x the dense kernel). Decoding measured no difference (session
+    # 61, H200: within 2% at every batch x length), so its tiles keep one path.
+    whole_block_boxes: bool = False
     # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
     # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
     # last rows never does). Pays where the warpgroups contend for the tensor cores or the MUFU,
@@ -303,7 +310,8 @@ def kv_cache_long_config(key: VariantKey, dense: FwdConfig) -> FwdConfig:
     assert key.mask in catalog.KV_CACHE_MASKS and not key.kv_append, "long KV-cache tiles: the window kernel"
     cfg = replace(dense, skip_dead_blocks=False, split_tail=True, lse_bulk_store=False, pdl=True,
                   rebuild_schedule=key.head_dim_v >= 192 or dense.tile_m > 128,
-                  epilogue_addresses_per_tile=key.head_dim_v <= 128, appends_from_new=True)
+                  epilogue_addresses_per_tile=key.head_dim_v <= 128, appends_from_new=True,
+                  whole_block_boxes=True)
     cfg = replace(cfg, merge_helpers=merge_helpers_fit(cfg, key))
     return place_buffers(cfg, key.head_dim, key.head_dim_v)
 

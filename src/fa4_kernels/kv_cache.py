@@ -137,32 +137,54 @@ class PagedKV:
 
     @cute.jit
     def load_block(self, tma_atom: cute.CopyAtom, mT: cute.Tensor, head: Int32, s_stage: cute.Tensor,
-                   n_block: Int32, dim: cutlass.Constexpr[int], barrier, new=None):
+                   n_block: Int32, dim: cutlass.Constexpr[int], barrier, new=None, whole=None):
         """TMA loads of K or V block n_block into the (tile_n, dim) stage s_stage; mT is the
-        cache in the (page_size, dim, heads, pages) view, tma_atom's box CHUNK_ROWS x dim. A loop,
-        not unrolled: one box's page lookup live at a time (unrolled, the producer spilled).
-        Measured against one whole-block box for blocks inside one page and inside the sequence
-        (H200, decoding bf16 hd128, 32/8 heads, two rounds): the same GB/s to 2% at every batch
-        x length of fa4.bench --kvcache, with or without a third K/V stage; so one path.
-        ``new`` (atom of a whole-block box, TMA view of k_new or v_new as (seqlen_new, dim,
-        heads, batch), seqlen_new): a block wholly inside the appended rows comes from there in one
-        box, at its rows' offset (rows past seqlen_new arrive as zeros), not from the cache, whose
-        stores of those rows no tile waits for (FwdConfig.appends_from_new). Decided per block: a
-        decision per box made the 16 boxes of a long tile's K/V step cost the producer more than
-        the consumers' step (session 71: 525 -> 386 TFLOP/s on a 2048-row chunk, H100)."""
-        if const_expr(new is None):
+        cache in the (page_size, dim, heads, pages) view, tma_atom's box CHUNK_ROWS x dim: by
+        default a box per CHUNK_ROWS rows, each from its page (load_boxes). Decoding measured that
+        path against one whole-block box for blocks inside one page (H200, bf16 hd128, 32/8 heads:
+        the same GB/s to 2% at every batch x length), so its tiles keep it. Two options, decided
+        per block (per box, they made the 16 boxes of a long tile's K/V step cost the producer
+        more than the consumers' step: session 71, 525 -> 386 TFLOP/s on a 2048-row chunk, H100):
+        - ``new`` (atom of a whole-block box, TMA view of k_new or v_new as (seqlen_new, dim,
+          heads, batch), seqlen_new): a block wholly inside the appended rows comes from there in
+          one box at its rows' offset (rows past seqlen_new arrive as zeros), not from the cache,
+          whose stores of those rows no tile waits for (FwdConfig.appends_from_new);
+        - ``whole`` (atom of a whole-block box, TMA view of the cache as mT): a block inside one
+          page and inside the sequence comes in one box (FwdConfig.whole_block_boxes)."""
+        if const_expr(new is None and whole is None):
             self.load_boxes(tma_atom, mT, head, s_stage, n_block, dim, barrier)
         else:
-            atom_new, mNew, seqlen_new = new
-            first = n_block * self.tile_n - (self.seqlen_k - seqlen_new)
-            if seqlen_new > 0 and first >= 0:
-                g = cute.local_tile(cute.domain_offset((first, 0), mNew[None, None, head, self.batch_idx]),
-                                    (self.tile_n, dim), (0, 0))
-                tS, tG = cpasync.tma_partition(atom_new, 0, cute.make_layout(1), cute.group_modes(s_stage, 0, 2),
-                                               cute.group_modes(g, 0, 2))
-                cute.copy(atom_new, tG, tS, tma_bar_ptr=barrier)
-            else:
+            row = n_block * self.tile_n
+            # 0: page boxes; 1: from k_new / v_new; 2: one box from the cache.
+            source = Int32(0)
+            first_new = Int32(0)
+            if const_expr(new is not None):
+                first_new = row - (self.seqlen_k - new[2])
+                if new[2] > 0 and first_new >= 0:
+                    source = Int32(1)
+            slot = self.slot_of(row)
+            in_page = row - slot * self.page_size
+            if const_expr(whole is not None):
+                if source == 0 and in_page + self.tile_n <= self.page_size and row + self.tile_n <= self.seqlen_k:
+                    source = Int32(2)
+            if source == 0:
                 self.load_boxes(tma_atom, mT, head, s_stage, n_block, dim, barrier)
+            if const_expr(new is not None):
+                if source == 1:
+                    self.load_whole(new[0], new[1][None, None, head, self.batch_idx], first_new, s_stage, dim, barrier)
+            if const_expr(whole is not None):
+                if source == 2:
+                    self.load_whole(whole[0], whole[1][None, None, head, self.page_table[self.batch_idx, slot]],
+                                    in_page, s_stage, dim, barrier)
+
+    @cute.jit
+    def load_whole(self, tma_atom: cute.CopyAtom, mRows: cute.Tensor, first: Int32, s_stage: cute.Tensor,
+                   dim: cutlass.Constexpr[int], barrier):
+        """One (tile_n, dim) box of mRows ((rows, dim), a TMA view) from row ``first`` into s_stage."""
+        g = cute.local_tile(cute.domain_offset((first, 0), mRows), (self.tile_n, dim), (0, 0))
+        tS, tG = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s_stage, 0, 2),
+                                       cute.group_modes(g, 0, 2))
+        cute.copy(tma_atom, tG, tS, tma_bar_ptr=barrier)
 
     @cute.jit
     def load_boxes(self, tma_atom: cute.CopyAtom, mT: cute.Tensor, head: Int32, s_stage: cute.Tensor,

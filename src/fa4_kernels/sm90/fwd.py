@@ -117,6 +117,7 @@ class FlashAttentionForwardSm90:
         pdl: bool = False,
         few_rows_from_registers: bool = False,
         appends_from_new: bool = False,
+        whole_block_boxes: bool = False,
         skip_dead_blocks: bool = False,
         early_q_release: bool = False,
         lse_bulk_store: bool = False,
@@ -173,6 +174,9 @@ class FlashAttentionForwardSm90:
         # Boxes of appended rows loaded from k_new/v_new (heuristics.FwdConfig.appends_from_new).
         self.appends_from_new = appends_from_new
         assert not appends_from_new or (kv_cache and not patch_appends), "appends from k_new: KV-cache kernels"
+        # Blocks inside one page in one box (heuristics.FwdConfig.whole_block_boxes).
+        self.whole_block_boxes = whole_block_boxes
+        assert not whole_block_boxes or kv_cache, "whole-block boxes: KV-cache kernels"
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.num_stages = num_stages
@@ -484,12 +488,17 @@ class FlashAttentionForwardSm90:
             )
         # The appended rows' boxes, the same shape over k_new/v_new (appends_from_new); the other
         # kernels pass K's and V's in their place.
+        whole_k = lambda t: cpasync.make_tiled_tma_atom(  # noqa: E731
+            tma_load, t, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1)
+        whole_v = lambda t: cpasync.make_tiled_tma_atom(  # noqa: E731
+            tma_load, t, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1)
         tma_atom_KNew, tma_KNew, tma_atom_VNew, tma_VNew = tma_atom_K, tma_K, tma_atom_V, tma_V
         if const_expr(self.appends_from_new):  # whole blocks (PagedKV.load_block)
-            tma_atom_KNew, tma_KNew = cpasync.make_tiled_tma_atom(
-                tma_load, mKNew, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), 1)
-            tma_atom_VNew, tma_VNew = cpasync.make_tiled_tma_atom(
-                tma_load, mVNew, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim_v), 1)
+            (tma_atom_KNew, tma_KNew), (tma_atom_VNew, tma_VNew) = whole_k(mKNew), whole_v(mVNew)
+        # Whole-block boxes over the cache (whole_block_boxes); K's and V's page boxes in their place.
+        tma_atom_KBlock, tma_KBlock, tma_atom_VBlock, tma_VBlock = tma_atom_K, tma_K, tma_atom_V, tma_V
+        if const_expr(self.whole_block_boxes):
+            (tma_atom_KBlock, tma_KBlock), (tma_atom_VBlock, tma_VBlock) = whole_k(mK), whole_v(mV)
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mO, sO_store_layout,
             (cute.size(sO_store_layout, mode=[0]), self.head_dim_v)
@@ -542,6 +551,7 @@ class FlashAttentionForwardSm90:
             tma_atom_O, scale_log2, score_scale, softcap, window_left, window_right, schedule,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, tma_KNew, tma_VNew, tma_atom_KNew, tma_atom_VNew,
+            tma_KBlock, tma_VBlock, tma_atom_KBlock, tma_atom_VBlock,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -610,6 +620,10 @@ class FlashAttentionForwardSm90:
         tma_VNew: cute.Tensor,
         tma_atom_KNew: cute.CopyAtom,
         tma_atom_VNew: cute.CopyAtom,
+        tma_KBlock: cute.Tensor,  # whole_block_boxes: the cache's K and V in whole-block boxes
+        tma_VBlock: cute.Tensor,
+        tma_atom_KBlock: cute.CopyAtom,
+        tma_atom_VBlock: cute.CopyAtom,
     ):
         # Trace twins: when this CTA entered the kernel (TileTrace.begin).
         entry_ns = global_ns() if const_expr(self.trace) else None
@@ -622,6 +636,9 @@ class FlashAttentionForwardSm90:
                     cpasync.prefetch_descriptor(atom)
             if const_expr(self.appends_from_new):
                 for atom in (tma_atom_KNew, tma_atom_VNew):
+                    cpasync.prefetch_descriptor(atom)
+            if const_expr(self.whole_block_boxes):
+                for atom in (tma_atom_KBlock, tma_atom_VBlock):
                     cpasync.prefetch_descriptor(atom)
         q_heads = ((mQh4, tma_atom_Qh4), (mQh2, tma_atom_Qh2), (mQh1, tma_atom_Qh1))
 
@@ -725,6 +742,7 @@ class FlashAttentionForwardSm90:
                     pipeline_q, pipeline_k, pipeline_v, block_info, scheduler, seqlen_q, seqlen_k,
                     mSemaphores, tile_slots, tile_mbar, o_free_mbar, seqlens, pack_gqa, sparse_tables, kv_cache,
                     ((tma_atom_KNew, tma_KNew), (tma_atom_VNew, tma_VNew)),
+                    ((tma_atom_KBlock, tma_KBlock), (tma_atom_VBlock, tma_VBlock)),
                 )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.num_consumer_wg])
@@ -794,6 +812,7 @@ class FlashAttentionForwardSm90:
         sparse_tables,
         kv_cache,
         new_boxes,  # appends_from_new: ((atom, TMA view) of k_new, of v_new)
+        block_boxes,  # whole_block_boxes: ((atom, TMA view) of the cache's K, of its V), whole blocks
     ):
         qhead_per_kvhead = mQ.shape[2] // mK.shape[2]
         mPageTable, page_size, mKCache, mVCache, mKNew, mVNew = kv_cache
@@ -827,15 +846,17 @@ class FlashAttentionForwardSm90:
                 # before the wait for its K stage (ahead_of).
                 paged = PagedKV(mPageTable, page_size, batch_idx, seq.seqlen_k, self.tile_n)
                 ahead_of = paged.prefetch
-                new_k = new_v = None
+                new_k = new_v = whole_k = whole_v = None
                 if const_expr(self.appends_from_new):
                     new_k, new_v = [(atom, view, seqlen_new) for atom, view in new_boxes]
+                if const_expr(self.whole_block_boxes):
+                    whole_k, whole_v = block_boxes
                 copy_k = lambda n_block, state: paged.load_block(  # noqa: E731
                     tma_atom_K, mK, head_idx_kv, sK[None, None, state.index], n_block, self.head_dim,
-                    pipeline_k.producer_get_barrier(state), new_k)
+                    pipeline_k.producer_get_barrier(state), new_k, whole_k)
                 copy_v = lambda n_block, state: paged.load_block(  # noqa: E731
                     tma_atom_V, mV, head_idx_kv, sV[None, None, state.index], n_block, self.head_dim_v,
-                    pipeline_v.producer_get_barrier(state), new_v)
+                    pipeline_v.producer_get_barrier(state), new_v, whole_v)
                 # The consumers' appended rows are in the cache (and fenced), unless the append
                 # twin's consumers patch them into the first block's stages (kv_cache.py).
                 if waits_for_append(seqlen_new, seq.seqlen_k, block_at(0), self.tile_n, self.patch_appends) != 0:
