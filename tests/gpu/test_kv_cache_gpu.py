@@ -265,6 +265,10 @@ def test_long_tiles_head_dims(dtype, dims):
     name = require_long_tiles(dtype, *dims, 0.0)
     run(2, 257, 8, 2, *dims, [1500, 3333], 100, 64, 4096, dtype=dtype)
     assert _native.last_launch("fwd")["name"] == name
+    # Pages of 128 rows: blocks inside one page come in one box, those across two (every K/V
+    # block size but 128) in page boxes (FwdConfig.whole_block_boxes).
+    run(2, 190, 8, 2, *dims, [2222, 700], 45, 128, 4096, dtype=dtype)
+    assert _native.last_launch("fwd")["name"] == name
     run(1, 200, 8, 2, *dims, [2100], 0, None, 2304, dtype=dtype, num_splits=3)
 
 
