@@ -449,9 +449,11 @@ def test_kv_cache_long_tiles_are_the_dense_ones():
         assert cfg.tile_m > 64 and cfg.tile_n % 16 == 0, key.name
         assert cfg.split_tail and cfg.pdl and not (cfg.skip_dead_blocks or cfg.distributed_merge), key.name
         assert cfg.appends_from_new, key.name  # a chunk's appended rows loaded from k_new/v_new
-    # ... and no other variant (decoding's few appended rows are stored before the loads).
-    assert not any(heuristics.fwd_config(k).appends_from_new for k in variants
-                   if k.kernel == "fwd" and k.tiles == "regular" and not k.trace)
+        assert cfg.whole_block_boxes, key.name  # blocks inside one page in one box
+    # ... and no other variant (decoding's few appended rows are stored before the loads, its
+    # blocks come in page boxes).
+    assert not any(heuristics.fwd_config(k).appends_from_new or heuristics.fwd_config(k).whole_block_boxes
+                   for k in variants if k.kernel == "fwd" and k.tiles == "regular" and not k.trace)
     with pytest.raises(AssertionError, match="window kernel"):
         heuristics.fwd_config(catalog.VariantKey("sm_90a", "bf16", 128, 128, "none", False, kv_cache=True,
                                                  tiles="long"))
