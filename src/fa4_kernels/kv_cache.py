@@ -24,6 +24,16 @@ writes them, with the same values (the tiles of one K/V head's query heads, quer
 split pieces), so no tile waits for another (FlashAttention-3 appends the same way,
 hopper/flash_fwd_kernel_sm90.h).
 
+The long tiles (chunked prefill: heuristics.kv_cache_long_config) load a block in fewer boxes,
+decided per block by the producer (PagedKV.load_block): one whole-block box where the block lies
+inside one page and inside the sequence (a contiguous cache, pages of tile_n rows or more), and
+a block wholly inside the appended rows from k_new / v_new themselves. Their consumers then store
+before the producer's wait only the appended rows of the block that straddles the cached and
+appended rows; the rest are stored in shares among the tiles of the first packed query head, and
+no tile reads them back (FwdConfig.appends_from_new, whole_block_boxes). H100, a 2048-row chunk
+against a 32k cache (session 72): 525 -> 636 TFLOP/s, the same chunk appended by its call 451 ->
+625, the dense forward 630-661 on the same tensors.
+
 The append twin (catalog.VariantKey.kv_append: the unmasked twin again, run by calls with rows to
 append) shortens that wait. A decoding step appends a row or a few, all in the sequence's last
 block, which is a tile's first visited block: where that holds for at most PATCHED_ROWS rows, the
