@@ -93,14 +93,16 @@ class FwdConfig:
     # read back from the cache, so a tile waits only for the few new rows of the one box that
     # straddles the cached and appended rows, and the cache stores of the rest are shared among
     # the tiles (sm90/fwd.py). The long tiles: a chunk appended by its prefill call (session 71,
-    # H100: every tile storing all its blocks' appended rows before its loads cost 13%).
+    # H100: every tile storing all its blocks' appended rows before its loads cost 13%; session 72,
+    # same call: 1.1%).
     appends_from_new: bool = False
     # KV cache: a K/V block inside one page and inside the sequence is loaded in one TMA box over
     # the cache, not as tile_n / 16 page boxes. The long tiles: their consumers take a block
     # about twice as fast as the decoding tiles' one warpgroup, so the producer's 16 boxes a step
     # (8 each for K and V, each with its page lookup) came close to a consumer step (session 71,
-    # H100: 2048-row chunk at 0.84x the dense kernel). Decoding measured no difference (session
-    # 61, H200: within 2% at every batch x length), so its tiles keep one path.
+    # H100: 2048-row chunk at 0.84x the dense kernel). With it (session 72, H100, same call):
+    # contiguous 525 -> 636 TFLOP/s, the dense kernel's rate. Decoding measured no difference
+    # (session 61, H200: within 2% at every batch x length), so its tiles keep one path.
     whole_block_boxes: bool = False
     # Causal/local: a consumer warpgroup sits out the tile's rightmost K/V blocks that hide all
     # of its rows' keys (FlashAttentionForwardSm90.skip_blocks; the warpgroup holding the tile's
