@@ -89,8 +89,8 @@ class FwdConfig:
     # trace twin's makespan of eager calls, with the two changes of FwdConfig.pdl's note): 1x4k
     # 8.78 -> 8.35 us.
     few_rows_from_registers: bool = False
-    # KV cache: K/V boxes wholly inside the rows a call appends are loaded from k_new/v_new, not
-    # read back from the cache, so a tile waits only for the few new rows of the one box that
+    # KV cache: K/V blocks wholly inside the rows a call appends are loaded from k_new/v_new, not
+    # read back from the cache, so a tile waits only for the new rows of the one block that
     # straddles the cached and appended rows, and the cache stores of the rest are shared among
     # the tiles (sm90/fwd.py). The long tiles: a chunk appended by its prefill call (session 71,
     # H100: every tile storing all its blocks' appended rows before its loads cost 13%; session 72,

@@ -246,8 +246,8 @@ def test_chunked_prefill_runs_the_long_tiles(b, sq, lengths, append, page_size):
     """Many causal query rows of each head against a cache of 2048+ keys run the dense kernel's
     taller tiles (two consumer warpgroups: heuristics.kv_cache_long_config); the first warpgroup
     zeroes the stale V rows ahead of the other (run() puts inf there). Appended rows are loaded
-    from k_new/v_new but for the box they share with cached rows (cached lengths 61, 77, 3900,
-    1000 end inside a 16-row box), and their cache stores are shared among the tiles: run()
+    from k_new/v_new but for the K/V block they share with cached rows (cached lengths 61, 77,
+    3900, 1000 end inside a block), and their cache stores are shared among the tiles: run()
     compares the whole cache."""
     name = require_long_tiles(torch.bfloat16, 128, 128, 0.0)
     run(b, sq, 32, 8, 128, 128, lengths, append, page_size, 4096)
@@ -265,8 +265,8 @@ def test_long_tiles_head_dims(dtype, dims):
     name = require_long_tiles(dtype, *dims, 0.0)
     run(2, 257, 8, 2, *dims, [1500, 3333], 100, 64, 4096, dtype=dtype)
     assert _native.last_launch("fwd")["name"] == name
-    # Pages of 128 rows: blocks inside one page come in one box, those across two (every K/V
-    # block size but 128) in page boxes (FwdConfig.whole_block_boxes).
+    # Pages of 128 rows: blocks inside one page come in one box, those across two (hd192's
+    # 112-row blocks) in page boxes (FwdConfig.whole_block_boxes).
     run(2, 190, 8, 2, *dims, [2222, 700], 45, 128, 4096, dtype=dtype)
     assert _native.last_launch("fwd")["name"] == name
     run(1, 200, 8, 2, *dims, [2100], 0, None, 2304, dtype=dtype, num_splits=3)
